@@ -1,0 +1,25 @@
+"""Pipeline options of the runner.
+
+The Spark master is Beam's own ``--spark_master_url`` (SparkRunnerOptions);
+we add only what Beam lacks.
+"""
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+
+class PySparkRunnerOptions(PipelineOptions):
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument(
+        '--spark_conf',
+        action='append',
+        default=None,
+        metavar='KEY=VALUE',
+        help='A Spark setting passed to the SparkSession, e.g. '
+        'spark.executor.memory=2g. Repeatable.')
+    parser.add_argument(
+        '--spark_parallelism',
+        type=int,
+        default=None,
+        help='Partitions per shuffle and for spreading SDF work '
+        '(default: the SparkContext\'s default parallelism).')

@@ -1,0 +1,311 @@
+"""Fuse a Runner API pipeline into stages and describe what each needs.
+
+The fusion itself is Beam's: an ordered list of pure phases from
+``fn_api_runner.translations`` (the same ones the FnApiRunner uses), plus
+``annotate_stateful_dofns_as_roots`` so that a stateful DoFn always starts a
+stage whose input we can partition by key.  What this module adds is a
+plain-data description of every stage (its bundle descriptor, where its
+inputs come from and its outputs go, side inputs, timers, groupings), which
+the Spark translation consumes without looking at Beam's Stage objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Optional
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.portability.api import endpoints_pb2
+from apache_beam.runners.portability.fn_api_runner import translations as tr
+from apache_beam.runners.worker import bundle_processor
+from apache_beam.utils import proto_utils
+
+DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
+DATA_OUTPUT_URN = bundle_processor.DATA_OUTPUT_URN
+IMPULSE_BUFFER = tr.IMPULSE_BUFFER
+RESHUFFLE_URN = common_urns.composites.RESHUFFLE.urn
+
+# Transforms that Spark executes itself rather than the SDK harness.
+# Declaring Reshuffle here gives a native repartition, and makes expand_sdf
+# put a reshuffle between splitting restrictions and processing them, which
+# is where we spread SDF work over partitions by size.
+KNOWN_RUNNER_URNS = frozenset([
+    common_urns.primitives.FLATTEN.urn,
+    common_urns.primitives.GROUP_BY_KEY.urn,
+    RESHUFFLE_URN,
+])
+
+# The order matters; each phase is (stages, context) -> stages.
+PHASES = (
+    tr.annotate_downstream_side_inputs,
+    tr.annotate_stateful_dofns_as_roots,
+    tr.fix_side_input_pcoll_coders,
+    tr.pack_combiners,
+    tr.lift_combiners,
+    tr.expand_sdf,
+    tr.expand_gbk,
+    tr.sink_flattens,
+    tr.greedily_fuse,
+    tr.read_to_impulse,
+    tr.impulse_to_input,
+    tr.sort_stages,
+    tr.add_impulse_to_dangling_transforms,
+    tr.setup_timer_mapping,
+    tr.populate_data_channel_coders,
+)
+
+# The in-memory data channel ignores endpoints, but the SDK harness only
+# builds its timer map when a timer endpoint is set (as FnApiRunner does).
+PLACEHOLDER_ENDPOINT = 'embedded'
+
+SDF_CONSUMER_URNS = frozenset([
+    common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn,
+    common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn,
+])
+
+
+@dataclasses.dataclass(frozen=True)
+class SideInputSpec:
+  transform_id: str
+  tag: str
+  buffer_id: bytes
+  access_pattern: str
+  coder_id: str  # the runner-safe windowed coder of the side input buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class TimerSpec:
+  transform_id: str
+  family_id: str
+  coder_id: str  # runner-safe timer coder
+  time_domain: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+  """How to group one GroupByKey's buffer on the reduce side."""
+  buffer_id: bytes
+  transform_name: str
+  # Runner-safe coders: keys and values stay opaque bytes where possible.
+  safe_input_coder_id: str
+  safe_output_coder_id: str
+  # The SDK's data channel coders, for windowing that must see real windows.
+  input_coder_id: str
+  output_coder_id: str
+  windowing_strategy_id: str
+  default_windowing: bool
+
+
+@dataclasses.dataclass
+class StagePlan:
+  name: str
+  # 'sdk': run bundles in the SDK harness; 'reshuffle': Spark repartitions.
+  kind: str
+  inputs: dict[str, bytes]  # DATA_INPUT transform id -> buffer id
+  outputs: dict[str, bytes]  # DATA_OUTPUT transform id -> buffer id
+  # Runner-safe data channel coder per DATA_INPUT / DATA_OUTPUT transform.
+  input_coders: dict[str, str]
+  output_coders: dict[str, str]
+  descriptor: bytes = b''  # serialized ProcessBundleDescriptor
+  side_inputs: list[SideInputSpec] = dataclasses.field(default_factory=list)
+  timers: list[TimerSpec] = dataclasses.field(default_factory=list)
+  stateful: bool = False
+  # For reshuffle stages fed by expand_sdf: elements are sized restrictions.
+  sized: bool = False
+  transform_names: list[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def descriptor_id(self) -> str:
+    return self.name
+
+
+@dataclasses.dataclass
+class ExecutionPlan:
+  components: bytes  # serialized beam_runner_api_pb2.Components
+  stages: list[StagePlan]
+  groups: dict[bytes, GroupSpec]
+
+  def producers(self) -> dict[bytes, list[StagePlan]]:
+    result: dict[bytes, list[StagePlan]] = {}
+    for stage in self.stages:
+      for buffer_id in stage.outputs.values():
+        result.setdefault(buffer_id, []).append(stage)
+    return result
+
+  def consumers(self) -> dict[bytes, list[StagePlan]]:
+    """Stages reading each buffer, as main input or as a side input."""
+    result: dict[bytes, list[StagePlan]] = {}
+    for stage in self.stages:
+      seen = set()
+      for buffer_id in list(stage.inputs.values()) + [
+          si.buffer_id for si in stage.side_inputs]:
+        if buffer_id not in seen:
+          seen.add(buffer_id)
+          result.setdefault(buffer_id, []).append(stage)
+    return result
+
+
+def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline):
+  """Runs Beam's fusion phases; returns (TransformContext, [Stage])."""
+  return tr.create_and_optimize_stages(
+      copy.deepcopy(pipeline_proto),
+      phases=list(PHASES),
+      known_runner_urns=KNOWN_RUNNER_URNS)
+
+
+def plan_pipeline(pipeline_proto: beam_runner_api_pb2.Pipeline) -> ExecutionPlan:
+  context, stages = fuse(pipeline_proto)
+  components = context.components
+  safe = context.safe_coders
+  channel = context.data_channel_coders
+
+  def safe_coder(coder_id: str) -> str:
+    return safe.get(coder_id, coder_id)
+
+  all_transforms = [t for s in stages for t in s.transforms]
+  consumers_by_pcoll: dict[str, list] = {}
+  for t in all_transforms:
+    for pcoll in t.inputs.values():
+      consumers_by_pcoll.setdefault(pcoll, []).append(t)
+
+  stage_plans = []
+  groups: dict[bytes, GroupSpec] = {}
+  for stage in stages:
+    inputs, outputs, input_coders, output_coders = {}, {}, {}, {}
+    transforms = {}
+    reshuffle = None
+    for t in stage.transforms:
+      t = copy.deepcopy(t)
+      if t.spec.urn == DATA_INPUT_URN:
+        pcoll = tr.only_element(t.outputs.values())
+        inputs[t.unique_name] = t.spec.payload
+        input_coders[t.unique_name] = safe_coder(channel[pcoll])
+        t.spec.payload = _grpc_port(channel[pcoll])
+      elif t.spec.urn == DATA_OUTPUT_URN:
+        pcoll = tr.only_element(t.inputs.values())
+        outputs[t.unique_name] = t.spec.payload
+        output_coders[t.unique_name] = safe_coder(channel[pcoll])
+        t.spec.payload = _grpc_port(channel[pcoll])
+      elif t.spec.urn == RESHUFFLE_URN:
+        reshuffle = t
+      transforms[t.unique_name] = t
+
+    for buffer_id in list(outputs.values()):
+      kind, name = tr.split_buffer_id(buffer_id)
+      if kind == 'group' and buffer_id not in groups:
+        groups[buffer_id] = _group_spec(buffer_id, name, context)
+
+    if reshuffle is not None:
+      out_pcoll = tr.only_element(reshuffle.outputs.values())
+      sized = any(
+          c.spec.urn in SDF_CONSUMER_URNS
+          for c in consumers_by_pcoll.get(out_pcoll, []))
+      stage_plans.append(
+          StagePlan(
+              name=stage.name,
+              kind='reshuffle',
+              inputs=inputs,
+              outputs=outputs,
+              input_coders=input_coders,
+              output_coders=output_coders,
+              sized=sized,
+              transform_names=[t.unique_name for t in stage.transforms]))
+      continue
+
+    side_inputs = []
+    timers = []
+    for t in stage.transforms:
+      if t.spec.urn not in tr.PAR_DO_URNS:
+        continue
+      payload = proto_utils.parse_Bytes(
+          t.spec.payload, beam_runner_api_pb2.ParDoPayload)
+      for tag, si in payload.side_inputs.items():
+        pcoll = t.inputs[tag]
+        side_inputs.append(
+            SideInputSpec(
+                transform_id=t.unique_name,
+                tag=tag,
+                buffer_id=tr.create_buffer_id(pcoll),
+                access_pattern=si.access_pattern.urn,
+                coder_id=safe_coder(channel[pcoll])))
+      for family_id, spec in payload.timer_family_specs.items():
+        timers.append(
+            TimerSpec(
+                transform_id=t.unique_name,
+                family_id=family_id,
+                coder_id=safe_coder(spec.timer_family_coder_id),
+                time_domain=spec.time_domain))
+
+    descriptor = beam_fn_api_pb2.ProcessBundleDescriptor(
+        id=stage.name,
+        transforms=transforms,
+        pcollections=dict(components.pcollections.items()),
+        coders=dict(components.coders.items()),
+        windowing_strategies=dict(components.windowing_strategies.items()),
+        environments=dict(components.environments.items()),
+        timer_api_service_descriptor=endpoints_pb2.ApiServiceDescriptor(
+            url=PLACEHOLDER_ENDPOINT))
+    stage_plans.append(
+        StagePlan(
+            name=stage.name,
+            kind='sdk',
+            inputs=inputs,
+            outputs=outputs,
+            input_coders=input_coders,
+            output_coders=output_coders,
+            descriptor=descriptor.SerializeToString(),
+            side_inputs=side_inputs,
+            timers=timers,
+            stateful=stage.is_stateful(),
+            transform_names=[t.unique_name for t in stage.transforms]))
+
+  return ExecutionPlan(
+      components=components.SerializeToString(),
+      stages=stage_plans,
+      groups=groups)
+
+
+def _grpc_port(coder_id: str, url: Optional[str] = None) -> bytes:
+  port = beam_fn_api_pb2.RemoteGrpcPort(coder_id=coder_id)
+  port.api_service_descriptor.url = url or PLACEHOLDER_ENDPOINT
+  return port.SerializeToString()
+
+
+def _group_spec(buffer_id: bytes, gbk_transform_id: str, context) -> GroupSpec:
+  components = context.components
+  transform = components.transforms[gbk_transform_id]
+  input_pcoll = tr.only_element(list(transform.inputs.values()))
+  output_pcoll = tr.only_element(list(transform.outputs.values()))
+  in_coder = context.data_channel_coders[input_pcoll]
+  out_coder = context.data_channel_coders[output_pcoll]
+  ws_id = components.pcollections[input_pcoll].windowing_strategy_id
+  return GroupSpec(
+      buffer_id=buffer_id,
+      transform_name=transform.unique_name,
+      safe_input_coder_id=context.safe_coders.get(in_coder, in_coder),
+      safe_output_coder_id=context.safe_coders.get(out_coder, out_coder),
+      input_coder_id=in_coder,
+      output_coder_id=out_coder,
+      windowing_strategy_id=ws_id,
+      default_windowing=is_default_windowing(
+          components.windowing_strategies[ws_id]))
+
+
+def is_default_windowing(ws: beam_runner_api_pb2.WindowingStrategy) -> bool:
+  """Global window, default trigger, default timestamp handling.
+
+  Decided on the proto (no user code is unpickled while planning): only
+  then may the reduce side group pure bytes and stamp one global pane.
+  """
+  return (
+      ws.window_fn.urn == common_urns.global_windows.urn and
+      ws.trigger.WhichOneof('trigger') == 'default' and
+      ws.merge_status == beam_runner_api_pb2.MergeStatus.NON_MERGING and
+      ws.accumulation_mode in (
+          beam_runner_api_pb2.AccumulationMode.DISCARDING,
+          beam_runner_api_pb2.AccumulationMode.UNSPECIFIED) and
+      ws.output_time == beam_runner_api_pb2.OutputTime.END_OF_WINDOW and
+      ws.allowed_lateness == 0)

@@ -1,0 +1,137 @@
+"""Refuse, before anything runs, a pipeline we cannot execute.
+
+Every reason is collected and reported in one error (as Prism does at
+Prepare), so that a user fixes them all at once instead of one per attempt.
+Only protos are inspected: no user code is unpickled here, since the job
+server may not be able to import the user's modules.
+"""
+
+from __future__ import annotations
+
+from apache_beam.coders import coders as beam_coders
+from apache_beam.portability import common_urns
+from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability.fn_api_runner import translations as tr
+from apache_beam.utils import proto_utils
+
+from beam_pyspark.errors import UnsupportedPipelineError
+
+SUPPORTED_REQUIREMENTS = frozenset([
+    common_urns.requirements.REQUIRES_STATEFUL_PROCESSING.urn,
+    common_urns.requirements.REQUIRES_BUNDLE_FINALIZATION.urn,
+    common_urns.requirements.REQUIRES_SPLITTABLE_DOFN.urn,
+    # Every stage reads materialized (persisted or shuffled) input, so a
+    # retried bundle sees the same elements.
+    common_urns.requirements.REQUIRES_STABLE_INPUT.urn,
+])
+
+# Environments whose harness we can run today, by URN.
+SUPPORTED_ENVIRONMENTS = frozenset([python_urns.EMBEDDED_PYTHON])
+
+# Transforms the runner itself executes (everything else runs in an SDK).
+RUNNER_PRIMITIVES = frozenset([
+    common_urns.primitives.IMPULSE.urn,
+    common_urns.primitives.GROUP_BY_KEY.urn,
+    common_urns.primitives.FLATTEN.urn,
+    common_urns.composites.RESHUFFLE.urn,
+])
+
+SUPPORTED_TIME_DOMAINS = frozenset([
+    beam_runner_api_pb2.TimeDomain.EVENT_TIME,
+    beam_runner_api_pb2.TimeDomain.PROCESSING_TIME,
+])
+
+
+def unsupported_reasons(
+    pipeline: beam_runner_api_pb2.Pipeline,
+    supported_environments: frozenset[str] = SUPPORTED_ENVIRONMENTS,
+) -> list[str]:
+  reasons: list[str] = []
+  components = pipeline.components
+
+  for requirement in pipeline.requirements:
+    if requirement not in SUPPORTED_REQUIREMENTS:
+      reasons.append(f'pipeline requirement {requirement} is not supported')
+
+  for env_id, env in components.environments.items():
+    if not _env_ok(env, supported_environments):
+      reasons.append(
+          f'environment {env_id!r} ({env.urn}) is not supported; '
+          f'supported: {", ".join(sorted(supported_environments))}')
+
+  known_coder_urns = set(beam_coders.Coder._known_urns) | set(
+      tr.TransformContext._REQUIRED_CODER_URNS)
+  for coder_id, coder in components.coders.items():
+    if coder.spec.urn not in known_coder_urns:
+      reasons.append(
+          f'coder {coder_id!r} has URN {coder.spec.urn}, which the Python '
+          'SDK does not know')
+
+  for ws_id, ws in components.windowing_strategies.items():
+    if ws.merge_status == beam_runner_api_pb2.MergeStatus.ALREADY_MERGED:
+      reasons.append(
+          f'windowing strategy {ws_id!r} is already merged, which batch '
+          'grouping cannot honour')
+
+  for transform_id in _leaf_transforms(pipeline):
+    transform = components.transforms[transform_id]
+    urn = transform.spec.urn
+    name = transform.unique_name or transform_id
+    if urn == common_urns.primitives.TEST_STREAM.urn:
+      reasons.append(
+          f'transform {name!r} is a TestStream, which needs a streaming '
+          'runner; this runner runs bounded (batch) pipelines')
+      continue
+    if urn in RUNNER_PRIMITIVES:
+      continue
+    if not transform.environment_id:
+      if urn == common_urns.deprecated_primitives.READ.urn:
+        continue  # turned into an SDK read by read_to_impulse
+      reasons.append(
+          f'transform {name!r} ({urn or "no URN"}) is neither a runner '
+          'primitive nor assigned to an SDK environment')
+      continue
+    if urn in tr.PAR_DO_URNS:
+      payload = proto_utils.parse_Bytes(
+          transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
+      for timer_id, spec in payload.timer_family_specs.items():
+        if spec.time_domain not in SUPPORTED_TIME_DOMAINS:
+          reasons.append(
+              f'timer {timer_id!r} of {name!r} uses time domain '
+              f'{beam_runner_api_pb2.TimeDomain.Enum.Name(spec.time_domain)}'
+              '; supported: EVENT_TIME, PROCESSING_TIME')
+      if payload.requires_time_sorted_input:
+        reasons.append(
+            f'transform {name!r} requires time-sorted input, which is not '
+            'supported')
+  return reasons
+
+
+def check_supported(
+    pipeline: beam_runner_api_pb2.Pipeline,
+    supported_environments: frozenset[str] = SUPPORTED_ENVIRONMENTS) -> None:
+  reasons = unsupported_reasons(pipeline, supported_environments)
+  if reasons:
+    raise UnsupportedPipelineError(reasons)
+
+
+def _env_ok(env, supported) -> bool:
+  if env.urn == common_urns.environments.ANYOF.urn:
+    payload = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+        env.payload)
+    return any(_env_ok(e, supported) for e in payload.environments)
+  return env.urn in supported
+
+
+def _leaf_transforms(pipeline: beam_runner_api_pb2.Pipeline):
+  """Leaves of the transform tree, stopping at runner-executed composites."""
+  transforms = pipeline.components.transforms
+  stack = list(pipeline.root_transform_ids)
+  while stack:
+    transform_id = stack.pop()
+    transform = transforms[transform_id]
+    if transform.subtransforms and transform.spec.urn not in RUNNER_PRIMITIVES:
+      stack.extend(transform.subtransforms)
+    else:
+      yield transform_id

@@ -1,0 +1,104 @@
+"""``--runner=beam_pyspark.PySparkRunner``: run a Beam pipeline on Spark."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from apache_beam.options import pipeline_options
+from apache_beam.options.value_provider import RuntimeValueProvider
+from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.runners import runner
+from apache_beam.runners.portability.fn_api_runner.fn_runner import (
+    group_by_key_input_visitor)
+from apache_beam.transforms import environments
+
+from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.execution import PipelineExecution
+from beam_pyspark.execution import SparkSettings
+from beam_pyspark.metrics import PipelineMetrics
+from beam_pyspark.options import PySparkRunnerOptions
+from beam_pyspark.spark.session import parse_conf
+
+_LOGGER = logging.getLogger(__name__)
+
+_STATES = {
+    beam_job_api_pb2.JobState.STOPPED: runner.PipelineState.STOPPED,
+    beam_job_api_pb2.JobState.STARTING: runner.PipelineState.STARTING,
+    beam_job_api_pb2.JobState.RUNNING: runner.PipelineState.RUNNING,
+    beam_job_api_pb2.JobState.DONE: runner.PipelineState.DONE,
+    beam_job_api_pb2.JobState.FAILED: runner.PipelineState.FAILED,
+    beam_job_api_pb2.JobState.CANCELLED: runner.PipelineState.CANCELLED,
+    beam_job_api_pb2.JobState.CANCELLING: runner.PipelineState.CANCELLING,
+}
+
+
+def spark_settings(options: pipeline_options.PipelineOptions) -> SparkSettings:
+  """Spark settings from pipeline options; the master only if it was set."""
+  explicit = options.get_all_options(drop_default=True)
+  master = explicit.get('spark_master_url')
+  ours = options.view_as(PySparkRunnerOptions)
+  return SparkSettings(
+      master=master,
+      conf=parse_conf(ours.spark_conf),
+      parallelism=ours.spark_parallelism)
+
+
+class PySparkRunner(runner.PipelineRunner):
+  """Runs pipelines on Spark, with Beam's Python harness inside executors."""
+  def run_pipeline(self, pipeline, options):
+    RuntimeValueProvider.set_runtime_options({})
+    debug = options.view_as(pipeline_options.DebugOptions)
+    experiments = debug.experiments or []
+    if 'beam_fn_api' not in experiments:
+      experiments.append('beam_fn_api')
+    debug.experiments = experiments
+    # Like the FnApiRunner: GroupByKey inputs must be KVs with deterministic
+    # key coders.
+    pipeline.visit(
+        group_by_key_input_visitor(
+            not options.view_as(pipeline_options.TypeOptions).
+            allow_non_deterministic_key_coders))
+    proto = pipeline.to_runner_api(
+        default_environment=environments.EmbeddedPythonEnvironment.default())
+    return self.run_portable_pipeline(proto, options)
+
+  def run_portable_pipeline(self, pipeline, options):
+    execution = PipelineExecution(pipeline, spark_settings(options))
+    execution.start()  # raises UnsupportedPipelineError before running
+    return PySparkPipelineResult(execution)
+
+
+class PySparkPipelineResult(runner.PipelineResult):
+  def __init__(self, execution: PipelineExecution):
+    super().__init__(runner.PipelineState.STARTING)
+    self._execution = execution
+
+  @property
+  def job_id(self) -> str:
+    return self._execution.job_id
+
+  @property
+  def state(self):
+    return _STATES.get(self._execution.state, runner.PipelineState.UNKNOWN)
+
+  def wait_until_finish(self, duration: Optional[int] = None):
+    timeout = None if duration is None else duration / 1000.0
+    self._execution.wait(timeout)
+    state = self.state
+    if state == runner.PipelineState.FAILED:
+      raise PipelineExecutionError(
+          f'Pipeline {self.job_id} failed:\n{self._execution.error}')
+    return state
+
+  def cancel(self):
+    self._execution.cancel()
+    self._execution.wait()
+    return self.state
+
+  def metrics(self):
+    return PipelineMetrics(
+        self._execution.committed_metrics, self._execution.attempted_metrics)
+
+  def monitoring_infos(self):
+    return list(self._execution.committed_metrics)

@@ -1,0 +1,1 @@
+"""Translation of an ExecutionPlan into Spark RDD jobs."""

@@ -1,0 +1,205 @@
+"""Picklable functions that Spark ships to executors.
+
+Each is a small class holding only what the task needs (broadcast handles,
+coder ids); the work itself is in ``beam_pyspark.worker``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Iterable
+from typing import Iterator
+
+from pyspark.accumulators import AccumulatorParam
+
+from beam_pyspark.planning.plan import GroupSpec
+from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark.session import driver_python_path
+from beam_pyspark.worker import elements
+from beam_pyspark.worker.bundles import StageRunner
+from beam_pyspark.worker.grouping import group_values
+from beam_pyspark.worker.runtime import job_runtime
+
+
+class ListAccumulator(AccumulatorParam):
+  def zero(self, value):
+    return []
+
+  def addInPlace(self, a, b):
+    a.extend(b)
+    return a
+
+
+def driver_paths() -> list[str]:
+  return driver_python_path().split(':') if driver_python_path() else []
+
+
+@dataclasses.dataclass
+class TaskContext:
+  job_id: str
+  components: object  # Broadcast[bytes]
+  metrics: object  # Accumulator[list]
+  bundle_bytes: int
+  python_path: list[str]
+
+  def runtime(self):
+    # Executors of a local master share the driver's file system: make the
+    # user's modules (pickled by reference) importable.
+    for path in self.python_path:
+      if path not in sys.path:
+        sys.path.append(path)
+    return job_runtime(self.job_id, self.components.value)
+
+
+def identity(x):
+  return x
+
+
+def consume(_):
+  pass
+
+
+def untag(record):
+  return record[1]
+
+
+class Tag:
+  def __init__(self, tag):
+    self.tag = tag
+
+  def __call__(self, value):
+    return (self.tag, value)
+
+
+class HasTag:
+  def __init__(self, tag):
+    self.tag = tag
+
+  def __call__(self, record):
+    return record[0] == self.tag
+
+
+class RunStage:
+  """mapPartitionsWithIndex: run a fused stage over one partition."""
+  def __init__(self, ctx: TaskContext, stage: StagePlan, side, group_outputs):
+    self.ctx = ctx
+    self.stage = stage
+    self.side = side
+    self.group_outputs = group_outputs
+
+  def __call__(self, index: int, records: Iterable) -> Iterator:
+    ctx = self.ctx
+    runtime = ctx.runtime()
+    stage = self.stage
+
+    def report(result):
+      ctx.metrics.add([(
+          stage.name, index,
+          [m.SerializeToString() for m in result.monitoring_infos])])
+
+    runner = StageRunner(
+        ctx.job_id,
+        runtime,
+        stage,
+        side_inputs=self.side.value if self.side is not None else (),
+        bundle_bytes=ctx.bundle_bytes,
+        on_finish=report)
+    keyers = {}
+    for transform_id, coder_id in self.group_outputs.items():
+      coder = runtime.coder(coder_id)
+      keyers[transform_id] = (
+          runtime.coder_impl(coder_id),
+          coder.wrapped_value_coder.key_coder().get_impl())
+    for transform_id, chunk in runner.run(records):
+      keyer = keyers.get(transform_id)
+      if keyer is None:
+        yield transform_id, chunk
+      else:
+        for pair in elements.keyed_elements(keyer[0], keyer[1], [chunk]):
+          yield transform_id, pair
+
+
+class KeyElements:
+  """Materialized KV chunks -> (encoded key, (input id, element))."""
+  def __init__(self, ctx: TaskContext, coder_id: str, transform_id: str):
+    self.ctx = ctx
+    self.coder_id = coder_id
+    self.transform_id = transform_id
+
+  def __call__(self, chunks):
+    runtime = self.ctx.runtime()
+    impl = runtime.coder_impl(self.coder_id)
+    key_impl = runtime.coder(
+        self.coder_id).wrapped_value_coder.key_coder().get_impl()
+    for key, element in elements.keyed_elements(impl, key_impl, chunks):
+      yield key, (self.transform_id, element)
+
+
+def pack_tagged(records):
+  """(key, (input id, element)) -> (input id, chunk), one chunk per id."""
+  by_input: dict[str, list[bytes]] = {}
+  for _, (transform_id, element) in records:
+    by_input.setdefault(transform_id, []).append(element)
+  for transform_id, encoded in by_input.items():
+    for chunk in elements.pack(encoded):
+      yield transform_id, chunk
+
+
+class GroupValues:
+  """Reduce side of a GroupByKey, after Spark's groupByKey shuffle."""
+  def __init__(self, ctx: TaskContext, spec: GroupSpec):
+    self.ctx = ctx
+    self.spec = spec
+
+  def __call__(self, grouped):
+    return group_values(self.ctx.runtime(), self.spec, grouped)
+
+
+class SizedElements:
+  """SDF sized restrictions -> (size, encoded element)."""
+  def __init__(self, ctx: TaskContext, coder_id: str):
+    self.ctx = ctx
+    self.coder_id = coder_id
+
+  def __call__(self, chunks):
+    impl = self.ctx.runtime().coder_impl(self.coder_id)
+    for wv in elements.decode_all(impl, chunks):
+      yield float(wv.value[1]), impl.encode_nested(wv)
+
+
+class SpreadElements:
+  """Chunks -> (target partition, chunk), elements dealt round robin.
+
+  Deterministic (the deal starts at the partition index), so a recomputed
+  task sends each element where it went the first time.
+  """
+  def __init__(self, ctx: TaskContext, coder_id: str, partitions: int):
+    self.ctx = ctx
+    self.coder_id = coder_id
+    self.partitions = partitions
+
+  def __call__(self, index, chunks):
+    impl = self.ctx.runtime().coder_impl(self.coder_id)
+    n = self.partitions
+    targets: list[list[bytes]] = [[] for _ in range(n)]
+    for i, element in enumerate(
+        elements.split_elements(impl, chunks), start=index):
+      targets[i % n].append(element)
+    for target, encoded in enumerate(targets):
+      for chunk in elements.pack(encoded):
+        yield target, chunk
+
+
+class Transcode:
+  """Split chunks into elements and re-encode them for the output buffer."""
+  def __init__(self, ctx: TaskContext, in_coder_id: str, out_coder_id: str):
+    self.ctx = ctx
+    self.in_coder_id = in_coder_id
+    self.out_coder_id = out_coder_id
+
+  def __call__(self, chunks):
+    runtime = self.ctx.runtime()
+    in_impl = runtime.coder_impl(self.in_coder_id)
+    out_impl = runtime.coder_impl(self.out_coder_id)
+    return elements.encode_stream(out_impl, elements.decode_all(in_impl, chunks))

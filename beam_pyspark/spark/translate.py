@@ -1,0 +1,283 @@
+"""An ExecutionPlan as Spark RDD jobs.
+
+Buffers between stages are RDDs of encoded bytes, never decoded Python
+objects:
+
+* impulse        -> parallelize([encoded impulse])
+* materialize    -> chunks of encoded elements; several producers -> union
+* group          -> (encoded key, encoded element), shuffled with a stable
+                    hash, grouped on the reduce side (worker.grouping)
+* reshuffle      -> elements spread over partitions; SDF restrictions packed
+                    by size, largest first
+* stateful stage -> input partitioned by encoded key
+* side input     -> collected on the driver, turned into state entries,
+                    broadcast
+
+Each stage runs inside executors with ``mapPartitionsWithIndex`` over the
+StageRunner.  A stage output read more than once, or a stage with several
+outputs, is persisted so that Spark does not recompute it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Callable
+from typing import Optional
+
+from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
+from apache_beam.runners.portability.fn_api_runner import translations as tr
+
+from beam_pyspark.errors import JobCancelledError
+from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.metrics import TaskMetrics
+from beam_pyspark.planning.plan import IMPULSE_BUFFER
+from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark import tasks
+from beam_pyspark.spark.partitioning import pack_by_size
+from beam_pyspark.spark.partitioning import stable_hash
+from beam_pyspark.worker.runtime import JobRuntime
+from beam_pyspark.worker.state import side_input_entries
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SparkJobOptions:
+  parallelism: Optional[int] = None  # default: sc.defaultParallelism
+  bundle_bytes: int = 32 << 20
+
+
+class SparkPipelineJob:
+  """Runs one plan on one SparkContext; cancellable from another thread."""
+  def __init__(
+      self,
+      sc,
+      plan: ExecutionPlan,
+      job_id: str,
+      options: Optional[SparkJobOptions] = None,
+      log: Callable[[str], None] = _LOGGER.info):
+    self.sc = sc
+    self.plan = plan
+    self.job_id = job_id
+    self.options = options or SparkJobOptions()
+    self.log = log
+    self.metrics = TaskMetrics()
+    self._cancelled = threading.Event()
+    self._runtime = JobRuntime(job_id, plan.components)
+    self._parallelism = self.options.parallelism or max(
+        2, sc.defaultParallelism)
+    self._consumers = plan.consumers()
+    self._producers = plan.producers()
+    self._producer_rdds: dict[bytes, list] = {}
+    self._buffer_rdds: dict[bytes, object] = {}
+    self._side_chunks: dict[bytes, list[bytes]] = {}
+    self._persisted: list = []
+    self._broadcasts: list = []
+
+  # -- public ---------------------------------------------------------------
+
+  def run(self) -> None:
+    sc = self.sc
+    sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
+    components = sc.broadcast(self.plan.components)
+    self._broadcasts.append(components)
+    self._ctx = tasks.TaskContext(
+        job_id=self.job_id,
+        components=components,
+        metrics=sc.accumulator([], tasks.ListAccumulator()),
+        bundle_bytes=self.options.bundle_bytes,
+        python_path=tasks.driver_paths())
+    try:
+      terminal = []
+      for stage in self.plan.stages:
+        self._check_cancelled()
+        outputs = self._translate(stage)
+        if outputs is not None and not any(
+            self._consumers.get(b) for b in stage.outputs.values()):
+          terminal.append(outputs)
+      self._check_cancelled()
+      if terminal:
+        self._action(lambda: sc.union(terminal).foreach(tasks.consume))
+      self.metrics.add(self._ctx.metrics.value)
+    finally:
+      for rdd in self._persisted:
+        try:
+          rdd.unpersist()
+        except Exception:  # pylint: disable=broad-except
+          pass
+      for b in self._broadcasts:
+        try:
+          b.destroy()
+        except Exception:  # pylint: disable=broad-except
+          pass
+
+  def cancel(self) -> None:
+    self._cancelled.set()
+    self.sc.cancelJobGroup(self.job_id)
+
+  # -- stages ---------------------------------------------------------------
+
+  def _translate(self, stage: StagePlan):
+    if stage.kind == 'reshuffle':
+      return self._reshuffle(stage)
+    return self._sdk_stage(stage)
+
+  def _sdk_stage(self, stage: StagePlan):
+    sc = self.sc
+    inputs = []
+    for transform_id, buffer_id in stage.inputs.items():
+      if stage.stateful and buffer_id != IMPULSE_BUFFER:
+        continue
+      rdd = self._buffer(buffer_id)
+      inputs.append(rdd.map(tasks.Tag(transform_id)))
+    if stage.stateful:
+      keyed = [
+          self._buffer(buffer_id).mapPartitions(
+              tasks.KeyElements(self._ctx, stage.input_coders[transform_id],
+                                transform_id))
+          for transform_id, buffer_id in stage.inputs.items()
+          if buffer_id != IMPULSE_BUFFER
+      ]
+      if keyed:
+        inputs.append(
+            sc.union(keyed).partitionBy(self._parallelism, stable_hash)
+            .mapPartitions(tasks.pack_tagged, preservesPartitioning=True))
+    if not inputs:
+      input_rdd = sc.parallelize([], 1)
+    elif len(inputs) == 1:
+      input_rdd = inputs[0]
+    else:
+      input_rdd = sc.union(inputs)
+
+    side = None
+    if stage.side_inputs:
+      entries = [
+          side_input_entries(self._runtime, spec, self._collect(spec.buffer_id))
+          for spec in stage.side_inputs
+      ]
+      side = sc.broadcast(entries)
+      self._broadcasts.append(side)
+
+    group_outputs = {
+        transform_id: stage.output_coders[transform_id]
+        for transform_id, buffer_id in stage.outputs.items()
+        if tr.split_buffer_id(buffer_id)[0] == 'group'
+    }
+    out = input_rdd.mapPartitionsWithIndex(
+        tasks.RunStage(self._ctx, stage, side, group_outputs))
+    self._register_outputs(stage, out)
+    return out
+
+  def _reshuffle(self, stage: StagePlan):
+    (in_id, buffer_id), = stage.inputs.items()
+    (out_id, _), = stage.outputs.items()
+    source = self._buffer(buffer_id)
+    transcode = tasks.Transcode(
+        self._ctx, stage.input_coders[in_id], stage.output_coders[out_id])
+    if stage.sized:
+      sized = self._action(
+          lambda: source.mapPartitions(
+              tasks.SizedElements(self._ctx, stage.input_coders[in_id]))
+          .collect())
+      bins = pack_by_size([s for s, _ in sized], self._parallelism)
+      self.log(
+          f'{stage.name}: {len(sized)} restrictions packed into '
+          f'{len(bins)} partitions by size')
+      packed = [[sized[i][1] for i in b] for b in bins] or [[]]
+      out = (
+          self.sc.parallelize(packed, len(packed)).flatMap(tasks.identity)
+          .mapPartitions(transcode))
+    else:
+      out = (
+          source.mapPartitionsWithIndex(
+              tasks.SpreadElements(
+                  self._ctx, stage.input_coders[in_id], self._parallelism))
+          .partitionBy(self._parallelism, tasks.identity).values()
+          .mapPartitions(transcode))
+    tagged = out.map(tasks.Tag(out_id))
+    self._register_outputs(stage, tagged)
+    return tagged
+
+  def _register_outputs(self, stage: StagePlan, out) -> None:
+    reads = sum(
+        len(self._consumers.get(b, ())) for b in set(stage.outputs.values()))
+    if len(stage.outputs) > 1 or reads > 1 or any(
+        b in self._side_buffers() for b in stage.outputs.values()):
+      out = out.persist()
+      self._persisted.append(out)
+    single = len(stage.outputs) == 1
+    for transform_id, buffer_id in stage.outputs.items():
+      rdd = out.map(tasks.untag) if single else out.filter(
+          tasks.HasTag(transform_id)).map(tasks.untag)
+      self._producer_rdds.setdefault(buffer_id, []).append(rdd)
+
+  # -- buffers --------------------------------------------------------------
+
+  def _side_buffers(self):
+    if not hasattr(self, '_side_buffer_ids'):
+      self._side_buffer_ids = {
+          si.buffer_id for s in self.plan.stages for si in s.side_inputs}
+    return self._side_buffer_ids
+
+  def _buffer(self, buffer_id: bytes):
+    rdd = self._buffer_rdds.get(buffer_id)
+    if rdd is not None:
+      return rdd
+    sc = self.sc
+    if buffer_id == IMPULSE_BUFFER:
+      rdd = sc.parallelize([ENCODED_IMPULSE_VALUE], 1)
+    else:
+      producers = self._producer_rdds.get(buffer_id, [])
+      if not producers:
+        # E.g. a Flatten of no inputs: an empty PCollection.
+        source = sc.parallelize([], 1)
+      elif len(producers) == 1:
+        source = producers[0]
+      else:
+        source = sc.union(producers)
+      kind, _ = tr.split_buffer_id(buffer_id)
+      if kind == 'group':
+        spec = self.plan.groups[buffer_id]
+        rdd = (
+            source.groupByKey(self._parallelism, stable_hash)
+            .mapPartitions(tasks.GroupValues(self._ctx, spec)))
+      else:
+        rdd = source
+    self._buffer_rdds[buffer_id] = rdd
+    return rdd
+
+  def _collect(self, buffer_id: bytes) -> list[bytes]:
+    chunks = self._side_chunks.get(buffer_id)
+    if chunks is None:
+      rdd = self._buffer(buffer_id)
+      chunks = self._side_chunks[buffer_id] = self._action(rdd.collect)
+    return chunks
+
+  # -- actions --------------------------------------------------------------
+
+  def _check_cancelled(self) -> None:
+    if self._cancelled.is_set():
+      raise JobCancelledError(f'job {self.job_id} was cancelled')
+
+  def _action(self, fn):
+    self._check_cancelled()
+    try:
+      return fn()
+    except Exception as exn:  # py4j errors carry the executors' traceback
+      if self._cancelled.is_set():
+        raise JobCancelledError(f'job {self.job_id} was cancelled') from exn
+      raise PipelineExecutionError(spark_failure_message(exn)) from exn
+
+
+def spark_failure_message(exn: BaseException) -> str:
+  """The Python part of a failed Spark job's error: the user's traceback."""
+  text = str(exn)
+  start = text.find('Traceback (most recent call last)')
+  if start < 0:
+    return text
+  end = text.find('\n\tat ', start)
+  python_part = text[start:end if end > 0 else len(text)].rstrip()
+  return python_part

@@ -1,0 +1,187 @@
+"""Run one fused stage over one input partition, bundle by bundle.
+
+The loop per task: feed input to the harness in bundles of bounded size;
+feed self-checkpoint residuals back until none remain; then fire timers in
+rounds until none remain; then finalize the bundles that asked for it, once
+their output has been handed downstream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import traceback
+from typing import Callable
+from typing import Iterable
+from typing import Iterator
+from typing import Optional
+
+from apache_beam.metrics import monitoring_infos
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import metrics_pb2
+
+from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.planning.plan import DATA_INPUT_URN
+from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.worker import harness as harness_mod
+from beam_pyspark.worker.elements import decode_all
+from beam_pyspark.worker.elements import encode_stream
+from beam_pyspark.worker.runtime import JobRuntime
+from beam_pyspark.worker.state import StateEntries
+from beam_pyspark.worker.state import task_state
+from beam_pyspark.worker.timers import TimerTable
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_BUNDLE_BYTES = 32 << 20
+# A residual asking to be resumed later is retried after at most this long:
+# in batch nothing else can make progress for it meanwhile.
+MAX_RESUME_DELAY_SECS = 0.5
+
+
+@dataclasses.dataclass
+class TaskResult:
+  """What a task reports besides its output: consolidated metrics."""
+  monitoring_infos: list[metrics_pb2.MonitoringInfo]
+  bundles: int
+
+
+class StageRunner:
+  def __init__(
+      self,
+      job_id: str,
+      runtime: JobRuntime,
+      stage: StagePlan,
+      side_inputs: Iterable[StateEntries] = (),
+      bundle_bytes: int = DEFAULT_BUNDLE_BYTES,
+      on_finish: Optional[Callable[[TaskResult], None]] = None):
+    self.job_id = job_id
+    self.runtime = runtime
+    self.stage = stage
+    self.side_inputs = side_inputs
+    self.bundle_bytes = bundle_bytes
+    self.on_finish = on_finish
+    self._metrics: list[metrics_pb2.MonitoringInfo] = []
+    self._bundles = 0
+    self._timers = TimerTable()
+    self._to_finalize: list[str] = []
+    self._timer_impls = {
+        (t.transform_id, t.family_id): runtime.coder_impl(t.coder_id)
+        for t in stage.timers
+    }
+
+  def run(self, inputs: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
+    """Yields (output transform id, encoded chunk) for every DATA_OUTPUT."""
+    h = harness_mod.harness_for(
+        self.job_id, self.stage.name, self.stage.descriptor)
+    self._harness = h
+    h.state.target = task_state(self.side_inputs)
+    try:
+      pending: dict[str, list[bytes]] = {}
+      size = 0
+      for transform_id, data in inputs:
+        pending.setdefault(transform_id, []).append(data)
+        size += len(data)
+        if size >= self.bundle_bytes:
+          yield from self._bundle(pending, {})
+          pending, size = {}, 0
+      if pending:
+        yield from self._bundle(pending, {})
+      while self._timers:
+        yield from self._bundle({}, self._timers.take_round())
+      # Output is handed downstream by now: finalization may act on it.
+      for instruction_id in self._to_finalize:
+        response = h.do(
+            beam_fn_api_pb2.InstructionRequest(
+                instruction_id=h.next_instruction_id(),
+                finalize_bundle=beam_fn_api_pb2.FinalizeBundleRequest(
+                    instruction_id=instruction_id)))
+        if response.error:
+          raise PipelineExecutionError(response.error)
+    except PipelineExecutionError:
+      harness_mod.discard_harness(self.job_id, self.stage.name)
+      raise
+    except Exception as exn:  # the user's code raised inside the harness
+      harness_mod.discard_harness(self.job_id, self.stage.name)
+      raise PipelineExecutionError(
+          f'Stage {self.stage.name!r} failed: {exn}\n'
+          f'{traceback.format_exc()}') from exn
+    finally:
+      h.state.target = None
+    if self.on_finish is not None:
+      self.on_finish(
+          TaskResult(
+              list(monitoring_infos.consolidate(self._metrics)), self._bundles))
+
+  def _bundle(self, data, timers) -> Iterator[tuple[str, bytes]]:
+    """One bundle, then its residuals until none remain."""
+    while True:
+      response, outputs = self._process(data, timers)
+      yield from outputs
+      residuals = response.process_bundle.residual_roots
+      if not residuals:
+        return
+      data, timers = {}, {}
+      delay = 0.0
+      for residual in residuals:
+        app = residual.application
+        input_id = self._input_for(app.transform_id, app.input_id)
+        data.setdefault(input_id, []).append(app.element)
+        if residual.HasField('requested_time_delay'):
+          delay = max(delay, residual.requested_time_delay.ToTimedelta().total_seconds())
+      if delay > 0:
+        time.sleep(min(delay, MAX_RESUME_DELAY_SECS))
+
+  def _process(self, data, timers):
+    h = self._harness
+    iid = h.next_instruction_id()
+    for spec in self.stage.timers:
+      key = (spec.transform_id, spec.family_id)
+      out = h.runner_side.output_timer_stream(iid, *key)
+      fired = timers.get(key)
+      if fired:
+        for chunk in encode_stream(self._timer_impls[key], fired):
+          out.write(chunk)
+      out.close()
+    for transform_id in self.stage.inputs:
+      out = h.runner_side.output_stream(iid, transform_id)
+      for chunk in data.get(transform_id, ()):
+        out.write(chunk)
+      out.close()
+    response = h.do(
+        beam_fn_api_pb2.InstructionRequest(
+            instruction_id=iid,
+            process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
+                process_bundle_descriptor_id=h.descriptor.id)))
+    if response.error:
+      raise PipelineExecutionError(
+          f'Stage {self.stage.name!r} failed:\n{response.error}')
+    self._bundles += 1
+    outputs = []
+    for element in h.runner_side.input_elements(iid, []):
+      if isinstance(element, beam_fn_api_pb2.Elements.Timers):
+        key = (element.transform_id, element.timer_family_id)
+        self._timers.written(
+            *key, decode_all(self._timer_impls[key], [element.timers]))
+      elif element.data:
+        outputs.append((element.transform_id, element.data))
+    self._metrics.extend(response.process_bundle.monitoring_infos)
+    if response.process_bundle.requires_finalization:
+      self._to_finalize.append(iid)
+    return response, outputs
+
+  def _input_for(self, transform_id: str, input_id: str) -> str:
+    """The DATA_INPUT transform whose elements feed (transform, input)."""
+    transforms = self._harness.descriptor.transforms
+    pcoll = transforms[transform_id].inputs[input_id]
+    for read_id, proto in transforms.items():
+      if proto.spec.urn == DATA_INPUT_URN and pcoll in proto.outputs.values():
+        return read_id
+      if (proto.spec.urn
+          == common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn and
+          pcoll in proto.outputs.values()):
+        return self._input_for(read_id, next(iter(proto.inputs)))
+    raise PipelineExecutionError(
+        f'No data input of stage {self.stage.name!r} feeds {transform_id!r}')

@@ -1,0 +1,81 @@
+"""Side-input state entries (built on the driver) and per-task servicers."""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterable
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability.fn_api_runner import execution
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+from beam_pyspark.planning.plan import SideInputSpec
+from beam_pyspark.worker.runtime import JobRuntime
+
+StateEntries = list[tuple[bytes, bytes]]  # (serialized StateKey, data)
+
+
+def side_input_entries(
+    runtime: JobRuntime, spec: SideInputSpec,
+    chunks: Iterable[bytes]) -> StateEntries:
+  """The state entries the harness asks for, for one side input.
+
+  Iterable side inputs: one entry per encoded window.  Multimap side inputs:
+  values per (window, key), the keys per window, and the key-values per
+  window, as Beam's FnApiRunner serves them.
+  """
+  coder = runtime.coder(spec.coder_id)
+  access = beam_runner_api_pb2.FunctionSpec(urn=spec.access_pattern)
+  by_window = execution.WindowGroupingBuffer(access, coder)
+  for chunk in chunks:
+    by_window.append(chunk)
+  entries: StateEntries = []
+  if spec.access_pattern == common_urns.side_inputs.ITERABLE.urn:
+    for _, window, data, _ in by_window.encoded_items():
+      key = beam_fn_api_pb2.StateKey(
+          iterable_side_input=beam_fn_api_pb2.StateKey.IterableSideInput(
+              transform_id=spec.transform_id,
+              side_input_id=spec.tag,
+              window=window))
+      entries.append((key.SerializeToString(), data))
+  elif spec.access_pattern == common_urns.side_inputs.MULTIMAP.urn:
+    for key, window, data, count in by_window.encoded_items():
+      values_key = beam_fn_api_pb2.StateKey(
+          multimap_side_input=beam_fn_api_pb2.StateKey.MultimapSideInput(
+              transform_id=spec.transform_id,
+              side_input_id=spec.tag,
+              window=window,
+              key=key))
+      entries.append((values_key.SerializeToString(), data))
+      keys_key = beam_fn_api_pb2.StateKey(
+          multimap_keys_side_input=beam_fn_api_pb2.StateKey.
+          MultimapKeysSideInput(
+              transform_id=spec.transform_id,
+              side_input_id=spec.tag,
+              window=window))
+      entries.append((keys_key.SerializeToString(), key))
+      kvs_key = beam_fn_api_pb2.StateKey(
+          multimap_keys_values_side_input=beam_fn_api_pb2.StateKey.
+          MultimapKeysValuesSideInput(
+              transform_id=spec.transform_id,
+              side_input_id=spec.tag,
+              window=window))
+      entries.append(
+          (kvs_key.SerializeToString(),
+           key + struct.pack('>i', count) + data))
+  else:
+    raise ValueError(
+        f'side input {spec.tag!r} of {spec.transform_id!r} uses access '
+        f'pattern {spec.access_pattern}, which is not supported')
+  return entries
+
+
+def task_state(entries: Iterable[StateEntries]) -> worker_handlers.StateServicer:
+  """A fresh servicer for one task: side inputs loaded, user state empty."""
+  servicer = worker_handlers.StateServicer()
+  for entry_list in entries:
+    for key, data in entry_list:
+      servicer.append_raw(beam_fn_api_pb2.StateKey.FromString(key), data)
+  return servicer
