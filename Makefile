@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test clean
+
+$(STAMP): pyproject.toml
+	@scripts/ensure-java.sh
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# Beam's own WordCount, unchanged, on local Spark, over the shipped sample.
+demo: setup
+	@rm -rf out/demo && mkdir -p out/demo
+	$(VENV)/bin/python -m apache_beam.examples.wordcount \
+	  --runner=beam_pyspark.PySparkRunner \
+	  --input examples/data/sample.txt \
+	  --output out/demo/counts
+	@echo
+	@echo "Word counts written to: $$(ls out/demo/counts*)"
+	@echo "Most frequent words:"
+	@sort -t: -k2 -n -r out/demo/counts* | head -5
+
+# pytest exits 5 when it collected no test: that is a failure here, never
+# a pass.
+test: setup
+	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+clean:
+	rm -rf $(VENV) out build *.egg-info

@@ -1,0 +1,159 @@
+"""Shared helpers of the semantics tests.
+
+The tests run pipelines on ``beam_pyspark.PySparkRunner`` (local[2]) and,
+to know what to expect independently of our runner, on Beam's FnApiRunner.
+Results are collected in the test process through files: Spark executors
+are separate Python processes, so a DoFn cannot append to a list of ours.
+
+A single SparkContext is reused by every test of the process (the runner
+reuses the active context); it is never stopped here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import uuid
+
+import pytest
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.transforms import window as beam_window
+
+SPARK_RUNNER = 'beam_pyspark.PySparkRunner'
+SPARK_MASTER = 'local[2]'
+
+
+def spark_options(**extra) -> PipelineOptions:
+  """Options running on our runner; ``extra`` become ``--key=value`` flags."""
+  flags = [f'--runner={SPARK_RUNNER}', f'--spark_master_url={SPARK_MASTER}']
+  for key, value in extra.items():
+    if isinstance(value, (list, tuple)):
+      flags.extend(f'--{key}={v}' for v in value)
+    elif value is True:
+      flags.append(f'--{key}')
+    else:
+      flags.append(f'--{key}={value}')
+  return PipelineOptions(flags)
+
+
+def window_key(w):
+  """A plain, comparable description of a window."""
+  if isinstance(w, beam_window.GlobalWindow):
+    return ('global', )
+  if isinstance(w, beam_window.IntervalWindow):
+    return ('interval', w.start.micros, w.end.micros)
+  return (type(w).__name__, repr(w), w.max_timestamp().micros)
+
+
+def pane_key(pane):
+  return (pane.is_first, pane.is_last, int(pane.timing), pane.index,
+          pane.nonspeculative_index)
+
+
+def normalize(value):
+  """Iterables (e.g. GroupByKey's values) into sorted lists, recursively."""
+  if isinstance(value, (str, bytes, int, float, bool, type(None))):
+    return value
+  if isinstance(value, tuple):
+    return tuple(normalize(v) for v in value)
+  if isinstance(value, dict):
+    return {k: normalize(v) for k, v in value.items()}
+  if isinstance(value, (set, frozenset)):
+    return sorted(normalize(v) for v in value)
+  try:
+    items = list(value)
+  except TypeError:
+    return value
+  return sorted((normalize(v) for v in items), key=repr)
+
+
+class Observe(beam.DoFn):
+  """element -> (normalized element, timestamp in micros, window)."""
+  def process(
+      self,
+      element,
+      timestamp=beam.DoFn.TimestampParam,
+      w=beam.DoFn.WindowParam):
+    yield (normalize(element), timestamp.micros, window_key(w))
+
+
+class ObservePane(beam.DoFn):
+  """element -> (normalized element, timestamp, window, pane)."""
+  def process(
+      self,
+      element,
+      timestamp=beam.DoFn.TimestampParam,
+      w=beam.DoFn.WindowParam,
+      pane=beam.DoFn.PaneInfoParam):
+    yield (normalize(element), timestamp.micros, window_key(w), pane_key(pane))
+
+
+class WriteToDir(beam.DoFn):
+  """Pickles each bundle's elements into a new file of ``directory``."""
+  def __init__(self, directory: str):
+    self.directory = directory
+
+  def start_bundle(self):
+    self._buffer = []
+
+  def process(self, element):
+    self._buffer.append(element)
+
+  def finish_bundle(self):
+    if self._buffer:
+      path = os.path.join(self.directory, uuid.uuid4().hex + '.pkl')
+      with open(path + '.tmp', 'wb') as f:
+        pickle.dump(self._buffer, f)
+      os.rename(path + '.tmp', path)
+      self._buffer = []
+
+
+def read_dir(directory: str) -> list:
+  out = []
+  for name in sorted(os.listdir(directory)):
+    if name.endswith('.pkl'):
+      with open(os.path.join(directory, name), 'rb') as f:
+        out.extend(pickle.load(f))
+  return out
+
+
+def sort_all(values) -> list:
+  return sorted(values, key=repr)
+
+
+class Collector:
+  """Runs a pipeline and returns what its collected PCollection held."""
+  def __init__(self, base_dir):
+    self.base_dir = base_dir
+    self._ids = itertools.count()
+
+  def run(self, build, runner=None, options=None) -> list:
+    """``build(pipeline) -> PCollection``; returns its elements, sorted."""
+    out = os.path.join(str(self.base_dir), f'out{next(self._ids)}')
+    os.makedirs(out)
+    p = beam.Pipeline(runner=runner, options=options)
+    pcoll = build(p)
+    _ = pcoll | 'CollectForTest' >> beam.ParDo(WriteToDir(out))
+    result = p.run()
+    result.wait_until_finish()
+    return sort_all(read_dir(out))
+
+  def spark(self, build, **extra) -> list:
+    return self.run(build, options=spark_options(**extra))
+
+  def reference(self, build) -> list:
+    """The same pipeline on Beam's FnApiRunner."""
+    return self.run(build, runner=FnApiRunner(), options=PipelineOptions())
+
+  def both(self, build, **extra) -> tuple[list, list]:
+    """(our runner's output, FnApiRunner's output), each sorted."""
+    return self.spark(build, **extra), self.reference(build)
+
+
+@pytest.fixture
+def collect(tmp_path) -> Collector:
+  return Collector(tmp_path)
