@@ -1,0 +1,123 @@
+"""Planning and validation: pure, no Spark."""
+
+import sys
+
+import apache_beam as beam
+import pytest
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.testing.test_stream import TestStream as _TestStream
+from apache_beam.transforms import environments
+from apache_beam.transforms import userstate
+
+from beam_pyspark.errors import UnsupportedPipelineError
+from beam_pyspark.planning import check_supported
+from beam_pyspark.planning import plan_pipeline
+from beam_pyspark.planning.plan import is_default_windowing
+
+
+def _proto(build):
+  p = beam.Pipeline()
+  build(p)
+  return p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment.default())
+
+
+def test_planning_imports_no_spark():
+  import subprocess
+  code = ('import sys, beam_pyspark.planning; '
+          'bad = sorted(m for m in sys.modules if m.startswith("pyspark")); '
+          'assert not bad, bad')
+  subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_wordcount_like_pipeline_fuses_around_the_shuffle():
+  proto = _proto(lambda p: (
+      p | beam.Create(['a b', 'b']) | beam.FlatMap(str.split)
+      | beam.Map(lambda w: (w, 1)) | beam.CombinePerKey(sum)
+      | beam.Map(print)))
+  plan = plan_pipeline(proto)
+  kinds = [s.kind for s in plan.stages]
+  assert set(kinds) <= {'sdk', 'reshuffle'}
+  # Exactly one GroupByKey buffer, written by one stage and read by another.
+  assert len(plan.groups) == 1
+  (group_buffer,) = plan.groups
+  writers = [s for s in plan.stages if group_buffer in s.outputs.values()]
+  readers = [s for s in plan.stages if group_buffer in s.inputs.values()]
+  assert len(writers) == 1 and len(readers) == 1
+  assert writers[0] is not readers[0]
+  # Combiner lifting put a precombine before the shuffle.
+  assert any('Precombine' in n for n in writers[0].transform_names)
+  assert plan.groups[group_buffer].default_windowing
+
+
+def test_create_uses_a_runner_reshuffle_stage():
+  proto = _proto(lambda p: p | beam.Create(list(range(10))) | beam.Map(str))
+  plan = plan_pipeline(proto)
+  assert [s.kind for s in plan.stages].count('reshuffle') == 1
+
+
+class _Stateful(beam.DoFn):
+  BAG = userstate.BagStateSpec('bag', beam.coders.VarIntCoder())
+
+  def process(self, kv, bag=beam.DoFn.StateParam(BAG)):
+    bag.add(kv[1])
+    yield kv
+
+
+def test_stateful_dofn_starts_its_own_stage():
+  proto = _proto(lambda p: (
+      p | beam.Create([('a', 1)]) | beam.Map(lambda x: x)
+      | beam.ParDo(_Stateful())))
+  plan = plan_pipeline(proto)
+  stateful = [s for s in plan.stages if s.stateful]
+  assert len(stateful) == 1
+  assert all(b.startswith(b'materialize:') for b in stateful[0].inputs.values())
+
+
+def test_side_inputs_are_described_per_consumer():
+  def build(p):
+    side = p | 'side' >> beam.Create([1, 2])
+    (p | beam.Create(['x']) | beam.Map(
+        lambda x, s: (x, sum(s)), beam.pvalue.AsIter(side)))
+  plan = plan_pipeline(_proto(build))
+  specs = [si for s in plan.stages for si in s.side_inputs]
+  assert len(specs) == 1
+  assert specs[0].access_pattern == common_urns.side_inputs.ITERABLE.urn
+
+
+def test_non_default_windowing_is_detected():
+  def build(p):
+    (p | beam.Create([('a', 1)]) | beam.WindowInto(beam.window.FixedWindows(10))
+     | beam.GroupByKey())
+  plan = plan_pipeline(_proto(build))
+  (spec,) = plan.groups.values()
+  assert not spec.default_windowing
+  assert is_default_windowing(beam_runner_api_pb2.WindowingStrategy(
+      window_fn=beam_runner_api_pb2.FunctionSpec(
+          urn=common_urns.global_windows.urn),
+      trigger=beam_runner_api_pb2.Trigger(
+          default=beam_runner_api_pb2.Trigger.Default()),
+      merge_status=beam_runner_api_pb2.MergeStatus.NON_MERGING,
+      accumulation_mode=beam_runner_api_pb2.AccumulationMode.DISCARDING,
+      output_time=beam_runner_api_pb2.OutputTime.END_OF_WINDOW))
+
+
+def test_unsupported_items_are_all_listed_at_once():
+  def build(p):
+    (p | _TestStream().add_elements([1]) | beam.Map(lambda x: x))
+  proto = _proto(build)
+  proto.requirements.append('beam:requirement:pardo:made_up:v1')
+  docker = proto.components.environments['docker_env']
+  docker.urn = common_urns.environments.DOCKER.urn
+  with pytest.raises(UnsupportedPipelineError) as info:
+    check_supported(proto)
+  reasons = info.value.reasons
+  assert any('TestStream' in r for r in reasons)
+  assert any('made_up' in r for r in reasons)
+  assert any('docker_env' in r and 'embedded' in r for r in reasons)
+  assert 'Change or remove' in str(info.value)
+
+
+def test_supported_pipeline_passes_validation():
+  check_supported(_proto(lambda p: p | beam.Create([1]) | beam.Map(str)))
