@@ -51,6 +51,10 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
       _LOGGER.warning(
           'A SparkContext for %s is already running; using it instead of %s.',
           active.master, master)
+    if conf:
+      _LOGGER.warning(
+          'A SparkContext is already running: these Spark settings are not '
+          'applied to it: %s. Stop it first to apply them.', sorted(conf))
     return active
 
   check_java()
