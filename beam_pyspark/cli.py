@@ -1,0 +1,87 @@
+"""The command line: ``beam-pyspark job-server``.
+
+Flags match Beam's Spark job server where one exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from beam_pyspark.spark.session import parse_conf
+
+
+def _job_server_parser(sub) -> None:
+  p = sub.add_parser(
+      'job-server', help='Serve Beam\'s Job API, running jobs on Spark.')
+  p.add_argument('--job-host', default='localhost')
+  p.add_argument('--job-port', type=int, default=8099,
+                 help='Job API port (0 picks a free one).')
+  p.add_argument('--artifact-port', type=int, default=8098,
+                 help='Artifact staging and retrieval port (0: free one).')
+  p.add_argument('--expansion-port', type=int, default=8097,
+                 help='Beam\'s Python expansion service port (0: free one; '
+                 '-1: none).')
+  p.add_argument('--artifacts-dir', default=None,
+                 help='Where staged artifacts and the job store live '
+                 '(default ~/.beam-pyspark/artifacts).')
+  p.add_argument('--spark-master-url', default='local[*]')
+  p.add_argument('--spark-conf', action='append', default=[],
+                 metavar='KEY=VALUE', help='A Spark setting; repeatable.')
+  p.add_argument('--max-invocation-history', type=int, default=10,
+                 help='Finished jobs kept (with their staged artifacts).')
+  p.add_argument('--job-store', default=None,
+                 help='SQLite file of the job store (default: '
+                 '<artifacts-dir>/jobs.sqlite).')
+  p.add_argument('--max-staging-buffer-bytes', type=int,
+                 default=100 * 1024 * 1024,
+                 help='Bytes of artifact chunks buffered in memory at most.')
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog='beam-pyspark')
+  sub = parser.add_subparsers(dest='command', required=True)
+  _job_server_parser(sub)
+  args = parser.parse_args(argv)
+  logging.basicConfig(
+      level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+  logging.getLogger('py4j').setLevel(logging.WARNING)
+
+  from beam_pyspark.jobservice.server import JobServer
+  from beam_pyspark.jobservice.server import JobServerConfig
+  try:
+    conf = parse_conf(args.spark_conf)
+  except Exception as exn:  # pylint: disable=broad-except
+    parser.error(str(exn))
+  server = JobServer(
+      JobServerConfig(
+          job_host=args.job_host,
+          job_port=args.job_port,
+          artifact_port=args.artifact_port,
+          expansion_port=args.expansion_port,
+          artifacts_dir=args.artifacts_dir,
+          spark_master_url=args.spark_master_url,
+          spark_conf=conf,
+          max_invocation_history=args.max_invocation_history,
+          job_store=args.job_store,
+          max_staging_buffer_bytes=args.max_staging_buffer_bytes))
+  server.start()
+  print(f'Job service listening on {args.job_host}:{server.job_port}', flush=True)
+  print(f'Artifact service listening on {args.job_host}:{server.artifact_port}',
+        flush=True)
+  if server.expansion_port:
+    print(f'Expansion service listening on {args.job_host}:'
+          f'{server.expansion_port}', flush=True)
+  stop = threading.Event()
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda *_: stop.set())
+  stop.wait()
+  server.stop()
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,117 @@
+"""The job server: Job API, artifact staging and retrieval, expansion."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from concurrent import futures
+from typing import Optional
+
+import grpc
+from apache_beam.portability.api import beam_artifact_api_pb2_grpc
+from apache_beam.portability.api import beam_expansion_api_pb2_grpc
+from apache_beam.portability.api import beam_job_api_pb2_grpc
+
+from beam_pyspark.jobservice.service import DEFAULT_MAX_INVOCATION_HISTORY
+from beam_pyspark.jobservice.service import JobService
+from beam_pyspark.jobservice.store import JobStore
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class JobServerConfig:
+  job_host: str = 'localhost'
+  job_port: int = 8099
+  artifact_port: int = 8098
+  expansion_port: int = 8097
+  artifacts_dir: Optional[str] = None
+  spark_master_url: str = 'local[*]'
+  spark_conf: dict = dataclasses.field(default_factory=dict)
+  max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY
+  job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
+  max_staging_buffer_bytes: int = 100 * 1024 * 1024
+
+
+def spark_invoke(config: JobServerConfig):
+  """The executor handed to the job service: our one engine."""
+  from beam_pyspark.execution import PipelineExecution
+  from beam_pyspark.execution import SparkSettings
+
+  def invoke(job_id, pipeline, options, listener):
+    parallelism = options.get('beam:option:spark_parallelism:v1')
+    settings = SparkSettings(
+        master=config.spark_master_url,
+        conf=dict(config.spark_conf),
+        parallelism=int(parallelism) if parallelism else None)
+    return PipelineExecution(pipeline, settings, job_id, listener)
+
+  return invoke
+
+
+class JobServer:
+  def __init__(self, config: JobServerConfig, invoke=None):
+    self.config = config
+    root = config.artifacts_dir or os.path.join(
+        os.path.expanduser('~'), '.beam-pyspark', 'artifacts')
+    os.makedirs(root, exist_ok=True)
+    self.artifacts_dir = root
+    from beam_pyspark.artifacts.retrieval import ArtifactRetrievalService
+    from beam_pyspark.artifacts.staging import ArtifactStagingService
+    self.staging = ArtifactStagingService(
+        os.path.join(root, 'staged'),
+        max_buffered_bytes=config.max_staging_buffer_bytes)
+    self.retrieval = ArtifactRetrievalService(os.path.join(root, 'staged'))
+    host = config.job_host
+    self._artifact_server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16))
+    beam_artifact_api_pb2_grpc.add_ArtifactStagingServiceServicer_to_server(
+        self.staging, self._artifact_server)
+    beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
+        self.retrieval, self._artifact_server)
+    self.artifact_port = self._artifact_server.add_insecure_port(
+        f'{host}:{config.artifact_port}')
+
+    self.store = JobStore(
+        config.job_store or os.path.join(root, 'jobs.sqlite'))
+    self.service = JobService(
+        invoke or spark_invoke(config),
+        staging=self.staging,
+        staging_endpoint=f'{host}:{self.artifact_port}',
+        store=self.store,
+        max_invocation_history=config.max_invocation_history)
+    self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
+        self.service, self._job_server)
+    self.job_port = self._job_server.add_insecure_port(
+        f'{host}:{config.job_port}')
+
+    self._expansion_server = None
+    self.expansion_port = None
+    if config.expansion_port is not None and config.expansion_port >= 0:
+      from apache_beam.options.pipeline_options import PipelineOptions
+      from apache_beam.runners.portability.expansion_service import (
+          ExpansionServiceServicer)
+      self._expansion_server = grpc.server(
+          futures.ThreadPoolExecutor(max_workers=4))
+      beam_expansion_api_pb2_grpc.add_ExpansionServiceServicer_to_server(
+          ExpansionServiceServicer(PipelineOptions()), self._expansion_server)
+      self.expansion_port = self._expansion_server.add_insecure_port(
+          f'{host}:{config.expansion_port}')
+
+  def start(self) -> None:
+    self._artifact_server.start()
+    self._job_server.start()
+    if self._expansion_server is not None:
+      self._expansion_server.start()
+
+  def stop(self, grace: Optional[float] = 1.0) -> None:
+    for server in (self._job_server, self._artifact_server,
+                   self._expansion_server):
+      if server is not None:
+        server.stop(grace)
+    self.store.close()
+
+  def wait(self) -> None:
+    self._job_server.wait_for_termination()

@@ -1,0 +1,113 @@
+"""The job store: what must survive a job-server restart.
+
+An embedded SQLite database by default: job id, name, pipeline options,
+state history and final metrics. One connection per call and a lock around
+writes keep it safe to use from gRPC's thread pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import threading
+from typing import Optional
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  job_id TEXT PRIMARY KEY,
+  job_name TEXT NOT NULL,
+  options TEXT NOT NULL,
+  created REAL NOT NULL,
+  staging_token TEXT,
+  pipeline BLOB,
+  metrics BLOB
+);
+CREATE TABLE IF NOT EXISTS states (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  ts REAL NOT NULL,
+  state INTEGER NOT NULL,
+  PRIMARY KEY (job_id, seq)
+);
+"""
+
+
+@dataclasses.dataclass
+class JobRecord:
+  job_id: str
+  job_name: str
+  options: dict
+  created: float
+  staging_token: Optional[str] = None
+  pipeline: Optional[bytes] = None
+  metrics: list[bytes] = dataclasses.field(default_factory=list)
+  states: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+
+
+class JobStore:
+  def __init__(self, path: str = ':memory:'):
+    self._path = path
+    self._lock = threading.Lock()
+    # ':memory:' databases vanish with their connection: keep one open.
+    self._conn = sqlite3.connect(path, check_same_thread=False)
+    with self._lock:
+      self._conn.executescript(_SCHEMA)
+      self._conn.commit()
+
+  def close(self) -> None:
+    with self._lock:
+      self._conn.close()
+
+  def put_job(self, record: JobRecord) -> None:
+    with self._lock:
+      self._conn.execute(
+          'INSERT INTO jobs (job_id, job_name, options, created, '
+          'staging_token, pipeline) VALUES (?, ?, ?, ?, ?, ?)',
+          (record.job_id, record.job_name, json.dumps(record.options),
+           record.created, record.staging_token, record.pipeline))
+      self._conn.commit()
+
+  def add_state(self, job_id: str, ts: float, state: int) -> None:
+    with self._lock:
+      (seq,) = self._conn.execute(
+          'SELECT COUNT(*) FROM states WHERE job_id = ?', (job_id,)).fetchone()
+      self._conn.execute(
+          'INSERT INTO states (job_id, seq, ts, state) VALUES (?, ?, ?, ?)',
+          (job_id, seq, ts, state))
+      self._conn.commit()
+
+  def set_metrics(self, job_id: str, metrics: list[bytes]) -> None:
+    with self._lock:
+      self._conn.execute(
+          'UPDATE jobs SET metrics = ? WHERE job_id = ?',
+          (json.dumps([m.hex() for m in metrics]).encode(), job_id))
+      self._conn.commit()
+
+  def delete_job(self, job_id: str) -> None:
+    with self._lock:
+      self._conn.execute('DELETE FROM jobs WHERE job_id = ?', (job_id,))
+      self._conn.execute('DELETE FROM states WHERE job_id = ?', (job_id,))
+      self._conn.commit()
+
+  def jobs(self) -> list[JobRecord]:
+    with self._lock:
+      rows = self._conn.execute(
+          'SELECT job_id, job_name, options, created, staging_token, '
+          'pipeline, metrics FROM jobs ORDER BY created').fetchall()
+      states = self._conn.execute(
+          'SELECT job_id, ts, state FROM states ORDER BY job_id, seq').fetchall()
+    by_job: dict[str, list] = {}
+    for job_id, ts, state in states:
+      by_job.setdefault(job_id, []).append((ts, state))
+    return [
+        JobRecord(
+            job_id=r[0],
+            job_name=r[1],
+            options=json.loads(r[2]),
+            created=r[3],
+            staging_token=r[4],
+            pipeline=r[5],
+            metrics=[bytes.fromhex(h) for h in json.loads(r[6])] if r[6] else [],
+            states=by_job.get(r[0], [])) for r in rows
+    ]
