@@ -240,7 +240,11 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
 
   @_unary
   def Prepare(self, request, context=None):
-    job_name = request.job_name or 'job'
+    options = job_utils.struct_to_dict(request.pipeline_options)
+    # Beam's Python client always sends job_name='job'; the user's
+    # --job_name travels in the options.
+    job_name = (options.get('beam:option:job_name:v1') or request.job_name or
+                'job')
     preparation_id = f'{job_name}_{uuid.uuid4()}'
     try:
       check_supported(request.pipeline)
@@ -253,7 +257,6 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
           grpc.StatusCode.INVALID_ARGUMENT,
           f'The pipeline of job {job_name!r} is malformed: '
           f'{type(exn).__name__}: {exn}') from exn
-    options = job_utils.struct_to_dict(request.pipeline_options)
     token = f'token-{preparation_id}'
     job = JobInvocation(
         preparation_id, job_name, request.pipeline, options, token)

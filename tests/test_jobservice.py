@@ -1,0 +1,216 @@
+"""The job server through Beam's own PortableRunner client and raw gRPC."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.portability.api import beam_job_api_pb2_grpc
+from apache_beam.portability.api import beam_runner_api_pb2
+
+EMBEDDED = 'beam:env:embedded_python:v1'
+
+
+class Server:
+  def __init__(self, artifacts_dir):
+    self.proc = subprocess.Popen(
+        [sys.executable, '-m', 'beam_pyspark.cli', 'job-server',
+         '--job-port', '0', '--artifact-port', '0', '--expansion-port', '0',
+         '--artifacts-dir', str(artifacts_dir), '--spark-master-url',
+         'local[2]'],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    self.job_port = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+      line = self.proc.stdout.readline()
+      if not line:
+        raise RuntimeError('job server exited')
+      m = re.match(r'Job service listening on .*:(\d+)', line)
+      if m:
+        self.job_port = int(m.group(1))
+      if line.startswith('Artifact service'):
+        break
+    assert self.job_port
+    self.endpoint = f'localhost:{self.job_port}'
+    self.channel = grpc.insecure_channel(self.endpoint)
+    self.stub = beam_job_api_pb2_grpc.JobServiceStub(self.channel)
+
+  def stop(self):
+    self.channel.close()
+    self.proc.terminate()
+    self.proc.wait(30)
+
+
+@pytest.fixture(scope='module')
+def artifacts_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp('jobserver')
+
+
+@pytest.fixture(scope='module')
+def server(artifacts_dir):
+  s = Server(artifacts_dir)
+  yield s
+  s.stop()
+
+
+def _read(prefix):
+  lines = []
+  for shard in sorted(glob.glob(prefix + '*')):
+    with open(shard, encoding='utf-8') as f:
+      lines.extend(f.read().splitlines())
+  return sorted(lines)
+
+
+def test_portable_runner_wordcount(server, tmp_path):
+  text = tmp_path / 'in.txt'
+  text.write_text('a b c a\nb a é é\n' * 200, encoding='utf-8')
+  out = str(tmp_path / 'out' / 'counts')
+  subprocess.run([
+      sys.executable, '-m', 'apache_beam.examples.wordcount',
+      '--runner=PortableRunner', f'--job_endpoint={server.endpoint}',
+      f'--environment_type={EMBEDDED}', '--input', str(text),
+      '--output', out], check=True, capture_output=True, timeout=300)
+  assert _read(out) == ['a: 600', 'b: 400', 'c: 200', 'é: 400']
+  jobs = server.stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
+  assert any(j.state == beam_job_api_pb2.JobState.DONE for j in jobs)
+
+
+def _code(call):
+  with pytest.raises(grpc.RpcError) as info:
+    call()
+  return info.value.code(), info.value.details()
+
+
+def test_errors_are_clear_and_isolated(server):
+  stub = server.stub
+  code, details = _code(lambda: stub.GetState(
+      beam_job_api_pb2.GetJobStateRequest(job_id='nope')))
+  assert code == grpc.StatusCode.NOT_FOUND and 'nope' in details
+  code, _ = _code(lambda: stub.Run(
+      beam_job_api_pb2.RunJobRequest(preparation_id='nope')))
+  assert code == grpc.StatusCode.NOT_FOUND
+  code, _ = _code(lambda: list(stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id='nope'))))
+  assert code == grpc.StatusCode.NOT_FOUND
+  # A malformed pipeline: a transform reading a PCollection that does not
+  # exist.
+  bad = beam_runner_api_pb2.Pipeline()
+  bad.root_transform_ids.append('t')
+  bad.components.transforms['t'].unique_name = 't'
+  bad.components.transforms['t'].spec.urn = 'beam:transform:group_by_key:v1'
+  bad.components.transforms['t'].inputs['in'] = 'missing'
+  code, details = _code(lambda: stub.Prepare(
+      beam_job_api_pb2.PrepareJobRequest(job_name='bad', pipeline=bad)))
+  assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+  # An environment we cannot run is refused at Prepare, naming what we do.
+  docker = beam_runner_api_pb2.Pipeline()
+  docker.components.environments['env'].urn = 'beam:env:docker:v1'
+  code, details = _code(lambda: stub.Prepare(
+      beam_job_api_pb2.PrepareJobRequest(job_name='docker', pipeline=docker)))
+  assert code == grpc.StatusCode.INVALID_ARGUMENT
+  assert 'docker' in details and EMBEDDED in details
+  # The server still serves.
+  stub.GetJobs(beam_job_api_pb2.GetJobsRequest())
+
+
+def _portable_options(server, *extra):
+  from apache_beam.options.pipeline_options import PipelineOptions
+  return PipelineOptions([
+      '--runner=PortableRunner', f'--job_endpoint={server.endpoint}',
+      f'--environment_type={EMBEDDED}'] + list(extra))
+
+
+def _wait_state(stub, job_id, wanted, timeout=120):
+  deadline = time.monotonic() + timeout
+  state = None
+  while time.monotonic() < deadline:
+    state = stub.GetState(
+        beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
+    if state in wanted:
+      return state
+    time.sleep(0.2)
+  return state
+
+
+def test_cancel_running_job_ends_cancelled(server):
+  import apache_beam as beam
+  JobState = beam_job_api_pb2.JobState
+
+  def slow(x):
+    import time as t
+    t.sleep(120)
+    return x
+
+  p = beam.Pipeline(options=_portable_options(server))
+  _ = p | beam.Create([1, 2, 3, 4]) | beam.Map(slow)
+  result = p.run()
+  job_id = result._job_id
+  assert _wait_state(server.stub, job_id, {JobState.RUNNING}) == JobState.RUNNING
+  time.sleep(3)  # let Spark tasks start
+  started = time.monotonic()
+  server.stub.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=job_id))
+  assert _wait_state(
+      server.stub, job_id, {JobState.CANCELLED, JobState.FAILED,
+                            JobState.DONE}, 60) == JobState.CANCELLED
+  assert time.monotonic() - started < 60
+  states = [e.state for e in server.stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=job_id))]
+  assert states[-2:] == [JobState.CANCELLING, JobState.CANCELLED]
+
+
+def test_ten_concurrent_jobs_are_all_correct(server, tmp_path):
+  import threading
+  import apache_beam as beam
+
+  errors = []
+
+  def submit(i):
+    try:
+      out = str(tmp_path / f'job{i}' / 'out')
+      p = beam.Pipeline(options=_portable_options(server))
+      _ = (p | beam.Create(list(range(50 * (i + 1))))
+           | beam.Map(lambda x, k=i: x * k) | beam.combiners.Count.Globally()
+           | beam.io.WriteToText(out))
+      p.run().wait_until_finish()
+    except Exception as exn:  # pylint: disable=broad-except
+      errors.append((i, exn))
+
+  threads = [threading.Thread(target=submit, args=(i, )) for i in range(10)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(600)
+  assert not errors
+  for i in range(10):
+    assert _read(str(tmp_path / f'job{i}' / 'out')) == [str(50 * (i + 1))]
+
+
+def test_history_survives_restart(tmp_path):
+  import apache_beam as beam
+  JobState = beam_job_api_pb2.JobState
+  first = Server(tmp_path / 'server')
+  try:
+    p = beam.Pipeline(options=_portable_options(first, '--job_name=keepme'))
+    _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x + 1)
+    result = p.run()
+    result.wait_until_finish()
+    job_id = result._job_id
+  finally:
+    first.stop()
+  second = Server(tmp_path / 'server')
+  try:
+    jobs = {j.job_id: j for j in second.stub.GetJobs(
+        beam_job_api_pb2.GetJobsRequest()).job_info}
+    assert jobs[job_id].state == JobState.DONE
+    assert jobs[job_id].job_name == 'keepme'
+    states = [e.state for e in second.stub.GetStateStream(
+        beam_job_api_pb2.GetJobStateRequest(job_id=job_id))]
+    assert states[0] == JobState.STOPPED and states[-1] == JobState.DONE
+    assert JobState.RUNNING in states
+  finally:
+    second.stop()
