@@ -65,10 +65,10 @@ def normalize(value):
   if isinstance(value, (set, frozenset)):
     return sorted(normalize(v) for v in value)
   try:
-    items = list(value)
+    items = [normalize(v) for v in value]
   except TypeError:
     return value
-  return sorted((normalize(v) for v in items), key=repr)
+  return sort_all(items)
 
 
 class Observe(beam.DoFn):
@@ -122,7 +122,12 @@ def read_dir(directory: str) -> list:
 
 
 def sort_all(values) -> list:
-  return sorted(values, key=repr)
+  """Sorted naturally if the values compare, else by their repr."""
+  values = list(values)
+  try:
+    return sorted(values)
+  except TypeError:
+    return sorted(values, key=repr)
 
 
 class Collector:

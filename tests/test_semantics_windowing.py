@@ -13,12 +13,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import trigger
 from apache_beam.transforms import window
 from apache_beam.transforms.window import TimestampCombiner
-from apache_beam.utils.timestamp import MAX_TIMESTAMP
+from apache_beam.utils.timestamp import Timestamp
 
 from conftest import ObservePane
 from conftest import sort_all
 
 SEC = 1_000_000  # micros
+# Element timestamps cross the data channel in milliseconds: a window's
+# max_timestamp (end - 1us) arrives as end - 1ms.
+EOW = -1000
+GLOBAL_MAX_MILLIS = window.GlobalWindow().max_timestamp().micros // 1000
 
 # (key, value, event time in seconds)
 EVENTS = [
@@ -32,7 +36,12 @@ EVENTS = [
     ('a', 8, 45),
 ]
 
-ON_TIME_ONLY_PANE = (True, True, int(beam.utils.windowed_value.PaneInfoTiming.ON_TIME), 0, 0)
+_ON_TIME = int(beam.utils.windowed_value.PaneInfoTiming.ON_TIME)
+# The default windowing's single pane.
+ON_TIME_ONLY_PANE = (True, True, _ON_TIME, 0, 0)
+# Beam's batch trigger driver (any other windowing) fires one on-time pane
+# per window, not marked last (as the FnApiRunner does).
+BATCH_PANE = (True, False, _ON_TIME, 0, 0)
 
 
 def options(**extra):
@@ -71,13 +80,13 @@ def expected_groups(assign, combiner='eow', events=EVENTS):
   out = []
   for (k, start, end), vts in groups.items():
     if combiner == 'eow':
-      out_ts = end * SEC - 1
+      out_ts = end * SEC + EOW
     elif combiner == 'earliest':
       out_ts = min(t for _, t in vts) * SEC
     else:
       out_ts = max(t for _, t in vts) * SEC
     out.append(((k, sorted(v for v, _ in vts)), out_ts, iw(start, end),
-                ON_TIME_ONLY_PANE))
+                BATCH_PANE))
   return sort_all(out)
 
 
@@ -137,6 +146,47 @@ class BlockMergingWindows(window.WindowFn):
     return hash((type(self), self.block))
 
 
+class ParityWindow(window.BoundedWindow):
+  """A user window type (not an IntervalWindow): element parity + end."""
+  def __init__(self, parity, end):
+    super().__init__(end)
+    self.parity = parity
+
+  def __eq__(self, other):
+    return isinstance(other, ParityWindow) and (
+        (self.parity, self.end) == (other.parity, other.end))
+
+  def __hash__(self):
+    return hash((self.parity, self.end))
+
+  def __repr__(self):
+    return f'ParityWindow({self.parity}, {self.end.micros})'
+
+
+class ParityWindowCoder(coders.Coder):
+  def encode(self, w):
+    return f'{w.parity}:{w.end.micros}'.encode()
+
+  def decode(self, encoded):
+    parity, end = encoded.decode().split(':')
+    return ParityWindow(int(parity), Timestamp(micros=int(end)))
+
+  def is_deterministic(self):
+    return True
+
+
+class ParityWindows(window.NonMergingWindowFn):
+  """Even and odd values in separate windows, each ending at `end` s."""
+  def __init__(self, end):
+    self.end = end
+
+  def assign(self, context):
+    return [ParityWindow(context.element[1] % 2, Timestamp(self.end))]
+
+  def get_window_coder(self):
+    return ParityWindowCoder()
+
+
 # -- tests ---------------------------------------------------------------------
 
 
@@ -146,8 +196,7 @@ def test_gbk_global_window_many_keys(collect):
         p | beam.Create([(f'k{i % 37}', i) for i in range(500)]))
 
   expected = sort_all([((f'k{k}', sorted(i for i in range(500) if i % 37 == k)),
-                        MAX_TIMESTAMP.micros and
-                        window.GlobalWindow().max_timestamp().micros,
+                        GLOBAL_MAX_MILLIS * 1000,
                         ('global', ), ON_TIME_ONLY_PANE) for k in range(37)])
   actual, reference = collect.both(build)
   assert reference == expected
@@ -203,12 +252,12 @@ def test_gbk_sessions_merge(collect):
     return grouped(stamped(p) | beam.WindowInto(window.Sessions(5)))
 
   expected = sort_all([
-      (('a', [1, 2]), 9 * SEC - 1, iw(1, 9), ON_TIME_ONLY_PANE),
-      (('a', [3]), 17 * SEC - 1, iw(12, 17), ON_TIME_ONLY_PANE),
-      (('a', [6]), 32 * SEC - 1, iw(27, 32), ON_TIME_ONLY_PANE),
-      (('a', [8]), 50 * SEC - 1, iw(45, 50), ON_TIME_ONLY_PANE),
-      (('b', [4]), 8 * SEC - 1, iw(3, 8), ON_TIME_ONLY_PANE),
-      (('b', [5, 7]), 33 * SEC - 1, iw(25, 33), ON_TIME_ONLY_PANE),
+      (('a', [1, 2]), 9 * SEC + EOW, iw(1, 9), BATCH_PANE),
+      (('a', [3]), 17 * SEC + EOW, iw(12, 17), BATCH_PANE),
+      (('a', [6]), 32 * SEC + EOW, iw(27, 32), BATCH_PANE),
+      (('a', [8]), 50 * SEC + EOW, iw(45, 50), BATCH_PANE),
+      (('b', [4]), 8 * SEC + EOW, iw(3, 8), BATCH_PANE),
+      (('b', [5, 7]), 33 * SEC + EOW, iw(25, 33), BATCH_PANE),
   ])
   actual, reference = collect.both(build)
   assert reference == expected
@@ -216,10 +265,10 @@ def test_gbk_sessions_merge(collect):
 
 
 def test_gbk_sessions_many_keys_spread_over_partitions(collect):
-  # 40 keys, each with two sessions; several elements per session.
+  # 40 keys, each with two sessions of overlapping [t, t+3) windows.
   events = []
   for k in range(40):
-    for ts in (k, k + 2, k + 4, k + 100, k + 103):
+    for ts in (k, k + 2, k + 4, k + 100, k + 102):
       events.append((f'key{k}', ts * 10 + k % 3, ts))
 
   def build(p):
@@ -230,10 +279,10 @@ def test_gbk_sessions_many_keys_spread_over_partitions(collect):
   for k in range(40):
     key = f'key{k}'
     vs = lambda tss: sorted(t * 10 + k % 3 for t in tss)
-    expected.append(((key, vs((k, k + 2, k + 4))), (k + 7) * SEC - 1,
-                     iw(k, k + 7), ON_TIME_ONLY_PANE))
-    expected.append(((key, vs((k + 100, k + 103))), (k + 106) * SEC - 1,
-                     iw(k + 100, k + 106), ON_TIME_ONLY_PANE))
+    expected.append(((key, vs((k, k + 2, k + 4))), (k + 7) * SEC + EOW,
+                     iw(k, k + 7), BATCH_PANE))
+    expected.append(((key, vs((k + 100, k + 102))), (k + 105) * SEC + EOW,
+                     iw(k + 100, k + 105), BATCH_PANE))
   expected = sort_all(expected)
   actual, reference = collect.both(build)
   assert reference == expected
@@ -259,11 +308,30 @@ def test_gbk_custom_merging_window_fn(collect):
     return grouped(stamped(p) | beam.WindowInto(BlockMergingWindows(20)))
 
   expected = sort_all([
-      (('a', [1, 2, 3]), 13 * SEC - 1, iw(1, 13), ON_TIME_ONLY_PANE),
-      (('a', [6]), 28 * SEC - 1, iw(27, 28), ON_TIME_ONLY_PANE),
-      (('a', [8]), 46 * SEC - 1, iw(45, 46), ON_TIME_ONLY_PANE),
-      (('b', [4]), 4 * SEC - 1, iw(3, 4), ON_TIME_ONLY_PANE),
-      (('b', [5, 7]), 29 * SEC - 1, iw(25, 29), ON_TIME_ONLY_PANE),
+      (('a', [1, 2, 3]), 13 * SEC + EOW, iw(1, 13), BATCH_PANE),
+      (('a', [6]), 28 * SEC + EOW, iw(27, 28), BATCH_PANE),
+      (('a', [8]), 46 * SEC + EOW, iw(45, 46), BATCH_PANE),
+      (('b', [4]), 4 * SEC + EOW, iw(3, 4), BATCH_PANE),
+      (('b', [5, 7]), 29 * SEC + EOW, iw(25, 29), BATCH_PANE),
+  ])
+  actual, reference = collect.both(build)
+  assert reference == expected
+  assert actual == expected
+
+
+def test_gbk_custom_window_type_and_coder(collect):
+  def build(p):
+    return grouped(stamped(p) | beam.WindowInto(ParityWindows(100)))
+
+  def pw(parity):
+    return ('ParityWindow', f'ParityWindow({parity}, {100 * SEC})',
+            100 * SEC - 1)
+
+  expected = sort_all([
+      (('a', [1, 3]), 100 * SEC + EOW, pw(1), BATCH_PANE),
+      (('a', [2, 6, 8]), 100 * SEC + EOW, pw(0), BATCH_PANE),
+      (('b', [5, 7]), 100 * SEC + EOW, pw(1), BATCH_PANE),
+      (('b', [4]), 100 * SEC + EOW, pw(0), BATCH_PANE),
   ])
   actual, reference = collect.both(build)
   assert reference == expected
@@ -313,12 +381,12 @@ def test_gbk_sessions_with_output_at_earliest(collect):
             timestamp_combiner=TimestampCombiner.OUTPUT_AT_EARLIEST))
 
   expected = sort_all([
-      (('a', [1, 2]), 1 * SEC, iw(1, 9), ON_TIME_ONLY_PANE),
-      (('a', [3]), 12 * SEC, iw(12, 17), ON_TIME_ONLY_PANE),
-      (('a', [6]), 27 * SEC, iw(27, 32), ON_TIME_ONLY_PANE),
-      (('a', [8]), 45 * SEC, iw(45, 50), ON_TIME_ONLY_PANE),
-      (('b', [4]), 3 * SEC, iw(3, 8), ON_TIME_ONLY_PANE),
-      (('b', [5, 7]), 25 * SEC, iw(25, 33), ON_TIME_ONLY_PANE),
+      (('a', [1, 2]), 1 * SEC, iw(1, 9), BATCH_PANE),
+      (('a', [3]), 12 * SEC, iw(12, 17), BATCH_PANE),
+      (('a', [6]), 27 * SEC, iw(27, 32), BATCH_PANE),
+      (('a', [8]), 45 * SEC, iw(45, 50), BATCH_PANE),
+      (('b', [4]), 3 * SEC, iw(3, 8), BATCH_PANE),
+      (('b', [5, 7]), 25 * SEC, iw(25, 33), BATCH_PANE),
   ])
   actual, reference = collect.both(build)
   assert reference == expected
@@ -338,12 +406,12 @@ def test_gbk_regroup_keeps_windows(collect):
         | beam.ParDo(ObservePane()))
 
   expected = sort_all([
-      (('all', [('a', 3), ('b', 4)]), 10 * SEC - 1, iw(0, 10),
-       ON_TIME_ONLY_PANE),
-      (('all', [('a', 3)]), 20 * SEC - 1, iw(10, 20), ON_TIME_ONLY_PANE),
-      (('all', [('a', 6), ('b', 12)]), 30 * SEC - 1, iw(20, 30),
-       ON_TIME_ONLY_PANE),
-      (('all', [('a', 8)]), 50 * SEC - 1, iw(40, 50), ON_TIME_ONLY_PANE),
+      (('all', [('a', 3), ('b', 4)]), 10 * SEC + EOW, iw(0, 10),
+       BATCH_PANE),
+      (('all', [('a', 3)]), 20 * SEC + EOW, iw(10, 20), BATCH_PANE),
+      (('all', [('a', 6), ('b', 12)]), 30 * SEC + EOW, iw(20, 30),
+       BATCH_PANE),
+      (('all', [('a', 8)]), 50 * SEC + EOW, iw(40, 50), BATCH_PANE),
   ])
   actual, reference = collect.both(build)
   assert reference == expected
@@ -389,7 +457,7 @@ def test_gbk_trigger_repeated_after_count_discarding(collect):
       f'k{j}': [i for i in range(30) if i % 3 == j] for j in range(3)}
 
 
-def test_gbk_trigger_after_processing_time_or_count_accumulating(collect):
+def test_gbk_trigger_sessions_early_and_late_firings_accumulating(collect):
   def build(p):
     return grouped(
         stamped(p) | beam.WindowInto(
