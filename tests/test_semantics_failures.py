@@ -7,10 +7,15 @@ import pytest
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.pvalue import AsSingleton
 from apache_beam.runners.runner import PipelineState
 from apache_beam.testing import test_stream
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import TimerSpec
+from apache_beam.transforms.userstate import on_timer
+from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.errors import UnsupportedPipelineError
 
@@ -37,6 +42,18 @@ class ExplodingAfterGroup(beam.DoFn):
 
 def raise_from_helper_function(n):
   raise RuntimeError(f'bad key had {n} values')
+
+
+class ExplodingTimer(beam.DoFn):
+  TIMER = TimerSpec('timer', TimeDomain.WATERMARK)
+
+  def process(self, kv, timer=beam.DoFn.TimerParam(TIMER)):
+    timer.set(Timestamp(5))
+
+  @on_timer(TIMER)
+  def explode_in_timer_callback(self, key=beam.DoFn.KeyParam):
+    raise KeyError(f'timer exploded for key {key}')
+    yield  # pylint: disable=unreachable
 
 
 class TouchFile(beam.DoFn):
@@ -78,6 +95,31 @@ def test_failure_after_group_by_key_names_the_user_functions():
   assert 'bad key had 2 values' in message
   assert 'raise_from_helper_function' in message
   assert 'test_semantics_failures.py' in message
+  assert result.state == PipelineState.FAILED
+
+
+def test_failure_in_timer_callback_fails_the_pipeline():
+  p = beam.Pipeline(options=options())
+  _ = (
+      p | beam.Create([('a', 1), ('b', 2)])
+      | beam.ParDo(ExplodingTimer()))
+  result = p.run()
+  with pytest.raises(Exception) as raised:
+    result.wait_until_finish()
+  message = str(raised.value)
+  assert 'timer exploded for key' in message
+  assert 'explode_in_timer_callback' in message
+  assert result.state == PipelineState.FAILED
+
+
+def test_singleton_side_input_with_two_values_fails():
+  p = beam.Pipeline(options=options())
+  side = p | 'Side' >> beam.Create([1, 2])
+  _ = p | beam.Create([0]) | beam.Map(lambda x, s: s, AsSingleton(side))
+  result = p.run()
+  with pytest.raises(Exception) as raised:
+    result.wait_until_finish()
+  assert 'singleton' in str(raised.value)
   assert result.state == PipelineState.FAILED
 
 
