@@ -7,6 +7,7 @@ coder ids); the work itself is in ``beam_pyspark.worker``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Iterable
 from typing import Iterator
@@ -32,7 +33,8 @@ class ListAccumulator(AccumulatorParam):
 
 
 def driver_paths() -> list[str]:
-  return driver_python_path().split(':') if driver_python_path() else []
+  path = driver_python_path()
+  return path.split(os.pathsep) if path else []
 
 
 @dataclasses.dataclass

@@ -75,6 +75,8 @@ class SparkPipelineJob:
     self._buffer_rdds: dict[bytes, object] = {}
     self._side_chunks: dict[bytes, list[bytes]] = {}
     self._persisted: list = []
+    self._side_buffer_ids = {
+        si.buffer_id for s in plan.stages for si in s.side_inputs}
     self._broadcasts: list = []
 
   # -- public ---------------------------------------------------------------
@@ -205,7 +207,7 @@ class SparkPipelineJob:
     reads = sum(
         len(self._consumers.get(b, ())) for b in set(stage.outputs.values()))
     if len(stage.outputs) > 1 or reads > 1 or any(
-        b in self._side_buffers() for b in stage.outputs.values()):
+        b in self._side_buffer_ids for b in stage.outputs.values()):
       out = out.persist()
       self._persisted.append(out)
     single = len(stage.outputs) == 1
@@ -215,12 +217,6 @@ class SparkPipelineJob:
       self._producer_rdds.setdefault(buffer_id, []).append(rdd)
 
   # -- buffers --------------------------------------------------------------
-
-  def _side_buffers(self):
-    if not hasattr(self, '_side_buffer_ids'):
-      self._side_buffer_ids = {
-          si.buffer_id for s in self.plan.stages for si in s.side_inputs}
-    return self._side_buffer_ids
 
   def _buffer(self, buffer_id: bytes):
     rdd = self._buffer_rdds.get(buffer_id)
