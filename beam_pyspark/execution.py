@@ -40,6 +40,8 @@ class SparkSettings:
   master: Optional[str] = None  # None: the active context, else local[*]
   conf: dict = dataclasses.field(default_factory=dict)
   parallelism: Optional[int] = None
+  # Plan the job drained (PySparkRunnerOptions.drain).
+  drain: bool = False
 
 
 @dataclasses.dataclass
@@ -138,7 +140,7 @@ class PipelineExecution:
     from beam_pyspark.spark.translate import SparkJobOptions
     from beam_pyspark.spark.translate import SparkPipelineJob
     try:
-      plan = plan_pipeline(self.pipeline)
+      plan = plan_pipeline(self.pipeline, drain=self.settings.drain)
       sc = spark_context(self.settings.master, self.settings.conf)
       job = SparkPipelineJob(
           sc, plan, self.job_id,

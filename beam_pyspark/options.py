@@ -23,3 +23,11 @@ class PySparkRunnerOptions(PipelineOptions):
         default=None,
         help='Partitions per shuffle and for spreading SDF work '
         '(default: the SparkContext\'s default parallelism).')
+    parser.add_argument(
+        '--drain',
+        action='store_true',
+        default=False,
+        help='Run the job drained, as Beam drains a streaming job: splittable '
+        'DoFns truncate their restrictions (their truncate_restriction, by '
+        'default nothing left for unbounded ones), so reads that would never '
+        'end stop after what they have claimed.')

@@ -41,7 +41,8 @@ def spark_settings(options: pipeline_options.PipelineOptions) -> SparkSettings:
   return SparkSettings(
       master=master,
       conf=parse_conf(ours.spark_conf),
-      parallelism=ours.spark_parallelism)
+      parallelism=ours.spark_parallelism,
+      drain=bool(ours.drain))
 
 
 class PySparkRunner(runner.PipelineRunner):

@@ -44,7 +44,8 @@ def spark_invoke(config: JobServerConfig):
     settings = SparkSettings(
         master=config.spark_master_url,
         conf=dict(config.spark_conf),
-        parallelism=int(parallelism) if parallelism else None)
+        parallelism=int(parallelism) if parallelism else None,
+        drain=options.get('beam:option:drain:v1') in (True, 'true', 'True'))
     return PipelineExecution(pipeline, settings, job_id, listener)
 
   return invoke
@@ -57,6 +58,10 @@ class JobServer:
         os.path.expanduser('~'), '.beam-pyspark', 'artifacts')
     os.makedirs(root, exist_ok=True)
     self.artifacts_dir = root
+    from beam_pyspark.artifacts.memory import pin_mmap_threshold
+    # Without it, staged chunks freed by the writers stay in malloc's arenas
+    # and a 200 MB artifact costs the server up to 150 MB for good.
+    pin_mmap_threshold()
     from beam_pyspark.artifacts.retrieval import ArtifactRetrievalService
     from beam_pyspark.artifacts.staging import ArtifactStagingService
     self.staging = ArtifactStagingService(

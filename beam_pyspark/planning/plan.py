@@ -148,16 +148,23 @@ class ExecutionPlan:
     return result
 
 
-def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline):
-  """Runs Beam's fusion phases; returns (TransformContext, [Stage])."""
+def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False):
+  """Runs Beam's fusion phases; returns (TransformContext, [Stage]).
+
+  ``drain`` expands splittable DoFns with their truncate step, as Beam does
+  for a draining job.
+  """
   return tr.create_and_optimize_stages(
       copy.deepcopy(pipeline_proto),
       phases=list(PHASES),
-      known_runner_urns=KNOWN_RUNNER_URNS)
+      known_runner_urns=KNOWN_RUNNER_URNS,
+      is_drain=drain)
 
 
-def plan_pipeline(pipeline_proto: beam_runner_api_pb2.Pipeline) -> ExecutionPlan:
-  context, stages = fuse(pipeline_proto)
+def plan_pipeline(
+    pipeline_proto: beam_runner_api_pb2.Pipeline,
+    drain: bool = False) -> ExecutionPlan:
+  context, stages = fuse(pipeline_proto, drain)
   components = context.components
   safe = context.safe_coders
   channel = context.data_channel_coders

@@ -276,4 +276,11 @@ def spark_failure_message(exn: BaseException) -> str:
     return text
   end = text.find('\n\tat ', start)
   python_part = text[start:end if end > 0 else len(text)].rstrip()
+  # A failure inside a stage: what follows the marker is the harness's error,
+  # which names the failing step and holds the user's traceback; PySpark's
+  # own frames before it are noise.
+  marker = PipelineExecutionError.__module__ + '.PipelineExecutionError: '
+  at = python_part.rfind(marker)
+  if at >= 0:
+    return python_part[at + len(marker):]
   return python_part

@@ -2,8 +2,8 @@
 
 The loop per task: feed input to the harness in bundles of bounded size;
 feed self-checkpoint residuals back until none remain; then fire timers in
-rounds until none remain; then finalize the bundles that asked for it, once
-their output has been handed downstream.
+rounds until none remain. A bundle that asks for finalization is finalized
+once its output has been handed downstream, before its residuals run.
 """
 
 from __future__ import annotations
@@ -91,23 +91,15 @@ class StageRunner:
         yield from self._bundle(pending, {})
       while self._timers:
         yield from self._bundle({}, self._timers.take_round())
-      # Output is handed downstream by now: finalization may act on it.
-      for instruction_id in self._to_finalize:
-        response = h.do(
-            beam_fn_api_pb2.InstructionRequest(
-                instruction_id=h.next_instruction_id(),
-                finalize_bundle=beam_fn_api_pb2.FinalizeBundleRequest(
-                    instruction_id=instruction_id)))
-        if response.error:
-          raise PipelineExecutionError(response.error)
     except PipelineExecutionError:
       harness_mod.discard_harness(self.job_id, self.stage.name)
       raise
     except Exception as exn:  # the user's code raised inside the harness
       harness_mod.discard_harness(self.job_id, self.stage.name)
+      # The fused stage's name lists every transform in it; Beam's error
+      # already names the failing one ("[while running 'X']").
       raise PipelineExecutionError(
-          f'Stage {self.stage.name!r} failed: {exn}\n'
-          f'{traceback.format_exc()}') from exn
+          f'{exn}\n{traceback.format_exc()}') from exn
     finally:
       h.state.target = None
     if self.on_finish is not None:
@@ -120,6 +112,9 @@ class StageRunner:
     while True:
       response, outputs = self._process(data, timers)
       yield from outputs
+      # The bundle's output is handed downstream by now: finalize it before
+      # its residuals run, as they may wait for the finalization.
+      self._finalize()
       residuals = response.process_bundle.residual_roots
       if not residuals:
         return
@@ -156,8 +151,7 @@ class StageRunner:
             process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
                 process_bundle_descriptor_id=h.descriptor.id)))
     if response.error:
-      raise PipelineExecutionError(
-          f'Stage {self.stage.name!r} failed:\n{response.error}')
+      raise PipelineExecutionError(response.error)
     self._bundles += 1
     outputs = []
     for element in h.runner_side.input_elements(iid, []):
@@ -171,6 +165,17 @@ class StageRunner:
     if response.process_bundle.requires_finalization:
       self._to_finalize.append(iid)
     return response, outputs
+
+  def _finalize(self) -> None:
+    h = self._harness
+    while self._to_finalize:
+      response = h.do(
+          beam_fn_api_pb2.InstructionRequest(
+              instruction_id=h.next_instruction_id(),
+              finalize_bundle=beam_fn_api_pb2.FinalizeBundleRequest(
+                  instruction_id=self._to_finalize.pop(0))))
+      if response.error:
+        raise PipelineExecutionError(response.error)
 
   def _input_for(self, transform_id: str, input_id: str) -> str:
     """The DATA_INPUT transform whose elements feed (transform, input)."""
