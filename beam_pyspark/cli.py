@@ -37,8 +37,9 @@ def _job_server_parser(sub) -> None:
                  help='SQLite file of the job store (default: '
                  '<artifacts-dir>/jobs.sqlite).')
   p.add_argument('--max-staging-buffer-bytes', type=int,
-                 default=100 * 1024 * 1024,
-                 help='Bytes of artifact chunks buffered in memory at most.')
+                 default=32 * 1024 * 1024,
+                 help='Bytes of artifact chunks received but not yet written, '
+                 'over all staging streams, at most (default 32 MiB).')
 
 
 def main(argv=None) -> int:

@@ -13,6 +13,7 @@ from apache_beam.portability.api import beam_artifact_api_pb2_grpc
 from apache_beam.portability.api import beam_expansion_api_pb2_grpc
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
+from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
 from beam_pyspark.jobservice.service import DEFAULT_MAX_INVOCATION_HISTORY
 from beam_pyspark.jobservice.service import JobService
 from beam_pyspark.jobservice.store import JobStore
@@ -31,7 +32,7 @@ class JobServerConfig:
   spark_conf: dict = dataclasses.field(default_factory=dict)
   max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY
   job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
-  max_staging_buffer_bytes: int = 100 * 1024 * 1024
+  max_staging_buffer_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
 
 
 def spark_invoke(config: JobServerConfig):
@@ -59,8 +60,8 @@ class JobServer:
     os.makedirs(root, exist_ok=True)
     self.artifacts_dir = root
     from beam_pyspark.artifacts.memory import pin_mmap_threshold
-    # Without it, staged chunks freed by the writers stay in malloc's arenas
-    # and a 200 MB artifact costs the server up to 150 MB for good.
+    # Without it, staged chunks freed by the writers stay in malloc's arenas:
+    # staging 200 MB left the server up to 100 MB bigger for good.
     pin_mmap_threshold()
     from beam_pyspark.artifacts.retrieval import ArtifactRetrievalService
     from beam_pyspark.artifacts.staging import ArtifactStagingService

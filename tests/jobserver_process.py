@@ -1,0 +1,89 @@
+"""A real ``beam-pyspark job-server`` in a subprocess, for tests.
+
+Not a test module: the staging-memory, expansion and restart tests share it.
+The server's log goes to a file next to its artifacts, so a failing test can
+show why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import grpc
+from apache_beam.portability.api import beam_artifact_api_pb2_grpc
+from apache_beam.portability.api import beam_job_api_pb2_grpc
+
+_LISTENING = re.compile(r'(Job|Artifact|Expansion) service listening on (.*)$')
+
+
+class JobServerProcess:
+  """Starts the CLI with free ports; ``stop()`` ends it (SIGTERM)."""
+  def __init__(
+      self, artifacts_dir, *extra_args: str, timeout: float = 120,
+      env: dict | None = None):
+    self.artifacts_dir = str(artifacts_dir)
+    os.makedirs(self.artifacts_dir, exist_ok=True)
+    self.log_path = os.path.join(
+        os.path.dirname(self.artifacts_dir.rstrip(os.sep)),
+        os.path.basename(self.artifacts_dir.rstrip(os.sep)) + '.log')
+    self._log = open(self.log_path, 'ab')
+    self.proc = subprocess.Popen(
+        [sys.executable, '-m', 'beam_pyspark.cli', 'job-server',
+         '--job-port', '0', '--artifact-port', '0', '--expansion-port', '0',
+         '--artifacts-dir', self.artifacts_dir, '--spark-master-url',
+         'local[2]', *extra_args],
+        stdout=subprocess.PIPE, stderr=self._log, text=True,
+        env=None if env is None else {**os.environ, **env})
+    self.pid = self.proc.pid
+    self.endpoints: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+      while len(self.endpoints) < 3 and time.monotonic() < deadline:
+        line = self.proc.stdout.readline()
+        if not line:
+          raise RuntimeError(
+              f'job server exited ({self.proc.wait()}) before listening; '
+              f'log:\n{self.log()}')
+        m = _LISTENING.match(line.strip())
+        if m:
+          self.endpoints[m.group(1).lower()] = m.group(2)
+      if len(self.endpoints) < 3:
+        raise RuntimeError(f'job server did not start; log:\n{self.log()}')
+    except BaseException:
+      self.stop()
+      raise
+    self.job_endpoint = self.endpoints['job']
+    self.artifact_endpoint = self.endpoints['artifact']
+    self.expansion_endpoint = self.endpoints['expansion']
+    self.channel = grpc.insecure_channel(self.job_endpoint)
+    self.job_stub = beam_job_api_pb2_grpc.JobServiceStub(self.channel)
+    self.artifact_channel = grpc.insecure_channel(self.artifact_endpoint)
+    self.staging_stub = beam_artifact_api_pb2_grpc.ArtifactStagingServiceStub(
+        self.artifact_channel)
+    self.retrieval_stub = (
+        beam_artifact_api_pb2_grpc.ArtifactRetrievalServiceStub(
+            self.artifact_channel))
+
+  def log(self) -> str:
+    self._log.flush()
+    with open(self.log_path, 'rb') as f:
+      return f.read().decode('utf-8', 'replace')[-20000:]
+
+  def stop(self) -> None:
+    for name in ('channel', 'artifact_channel'):
+      channel = getattr(self, name, None)
+      if channel is not None:
+        channel.close()
+    if self.proc.poll() is None:
+      self.proc.terminate()
+      try:
+        self.proc.wait(30)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait(30)
+    self.proc.stdout.close()
+    self._log.close()
