@@ -25,6 +25,14 @@ def _job_server_parser(sub) -> None:
   p.add_argument('--expansion-port', type=int, default=8097,
                  help='Beam\'s Python expansion service port (0: free one; '
                  '-1: none).')
+  p.add_argument('--fully-qualified-name-glob', '--fully_qualified_name_glob',
+                 dest='fully_qualified_name_glob', default=None,
+                 metavar='GLOB',
+                 help='Python transforms the expansion service may construct '
+                 'by fully qualified name (Beam\'s '
+                 'beam:transforms:python:fully_qualified_named, as used by '
+                 'Beam\'s expansion_service_main), e.g. "apache_beam.*" or '
+                 '"mypackage.transforms.*". Default: none.')
   p.add_argument('--artifacts-dir', default=None,
                  help='Where staged artifacts and the job store live '
                  '(default ~/.beam-pyspark/artifacts).')
@@ -68,7 +76,8 @@ def main(argv=None) -> int:
           spark_conf=conf,
           max_invocation_history=args.max_invocation_history,
           job_store=args.job_store,
-          max_staging_buffer_bytes=args.max_staging_buffer_bytes))
+          max_staging_buffer_bytes=args.max_staging_buffer_bytes,
+          fully_qualified_name_glob=args.fully_qualified_name_glob))
   server.start()
   print(f'Job service listening on {args.job_host}:{server.job_port}', flush=True)
   print(f'Artifact service listening on {args.job_host}:{server.artifact_port}',

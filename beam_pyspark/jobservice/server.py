@@ -33,6 +33,27 @@ class JobServerConfig:
   max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY
   job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
   max_staging_buffer_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+  # Which Python transforms the expansion service may build by name
+  # (beam:transforms:python:fully_qualified_named), e.g. 'apache_beam.*'.
+  # None, Beam's default, allows none.
+  fully_qualified_name_glob: Optional[str] = None
+
+
+def expansion_options():
+  """Options of the expansion service: what expanded transforms run in.
+
+  Expanded transforms get the environment these options describe (Beam's
+  ExpansionServiceServicer builds it once): the embedded Python environment,
+  the one this runner runs, with no SDK to stage ('container', as Beam's
+  expansion_service_main sets). A client's own options cannot change it.
+  """
+  from apache_beam.options.pipeline_options import PipelineOptions
+  from apache_beam.portability import python_urns
+  return PipelineOptions([
+      '--experiments=beam_fn_api',
+      '--sdk_location=container',
+      f'--environment_type={python_urns.EMBEDDED_PYTHON}',
+  ])
 
 
 def spark_invoke(config: JobServerConfig):
@@ -96,20 +117,28 @@ class JobServer:
     self._expansion_server = None
     self.expansion_port = None
     if config.expansion_port is not None and config.expansion_port >= 0:
-      from apache_beam.options.pipeline_options import PipelineOptions
       from apache_beam.runners.portability.expansion_service import (
           ExpansionServiceServicer)
       self._expansion_server = grpc.server(
           futures.ThreadPoolExecutor(max_workers=4))
       beam_expansion_api_pb2_grpc.add_ExpansionServiceServicer_to_server(
-          ExpansionServiceServicer(PipelineOptions()), self._expansion_server)
+          ExpansionServiceServicer(expansion_options()),
+          self._expansion_server)
       self.expansion_port = self._expansion_server.add_insecure_port(
           f'{host}:{config.expansion_port}')
+    self._name_filter = None
 
   def start(self) -> None:
     self._artifact_server.start()
     self._job_server.start()
     if self._expansion_server is not None:
+      from apache_beam.transforms.fully_qualified_named_transform import (
+          FullyQualifiedNamedTransform)
+      # Beam keeps the glob on the class: process-wide, as in Beam's own
+      # expansion_service_main. Restored by stop().
+      self._name_filter = FullyQualifiedNamedTransform.with_filter(
+          self.config.fully_qualified_name_glob)
+      self._name_filter.__enter__()
       self._expansion_server.start()
 
   def stop(self, grace: Optional[float] = 1.0) -> None:
@@ -117,6 +146,9 @@ class JobServer:
                    self._expansion_server):
       if server is not None:
         server.stop(grace)
+    if self._name_filter is not None:
+      self._name_filter.__exit__(None, None, None)
+      self._name_filter = None
     self.store.close()
 
   def wait(self) -> None:
