@@ -10,6 +10,7 @@ handed this (through an executor function) and never touches Spark itself.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ import traceback
 import uuid
 from typing import Callable
 from typing import Optional
+from typing import Union
 
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -27,6 +29,26 @@ from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
 
 _LOGGER = logging.getLogger(__name__)
+
+def parse_level(value: Union[None, int, str], default: int = logging.INFO) -> int:
+  """A logging level from Beam's ``--default_sdk_harness_log_level`` forms.
+
+  Raises ValueError naming the accepted forms.
+  """
+  if value is None or value == '':
+    return default
+  if isinstance(value, int):
+    return value
+  text = str(value).strip()
+  if text.lstrip('-').isdigit():
+    return int(text)
+  level = logging.getLevelName(text.upper())
+  if isinstance(level, int):
+    return level
+  raise ValueError(
+      f'Unknown log level {value!r}: use a level name (DEBUG, INFO, WARNING, '
+      'ERROR, CRITICAL) or a number.')
+
 
 JobState = beam_job_api_pb2.JobState
 TERMINAL_STATES = frozenset([
@@ -42,6 +64,32 @@ class SparkSettings:
   parallelism: Optional[int] = None
   # Plan the job drained (PySparkRunnerOptions.drain).
   drain: bool = False
+  # Beam's --default_sdk_harness_log_level / --sdk_harness_log_level_overrides:
+  # what executors forward of the logs written while stages run.
+  log_level: int = logging.INFO
+  log_overrides: Optional[dict] = None
+
+  @classmethod
+  def from_job_options(
+      cls, options: dict, master: Optional[str] = None,
+      conf: Optional[dict] = None) -> 'SparkSettings':
+    """From a job's pipeline options as the Job API carries them
+    (``beam:option:NAME:v1`` keys). Raises ValueError for a bad value."""
+    def opt(name):
+      return options.get(f'beam:option:{name}:v1')
+
+    parallelism = opt('spark_parallelism')
+    overrides = opt('sdk_harness_log_level_overrides')
+    if isinstance(overrides, str):
+      overrides = json.loads(overrides)
+    return cls(
+        master=master,
+        conf=dict(conf or {}),
+        parallelism=int(parallelism) if parallelism else None,
+        drain=opt('drain') in (True, 'true', 'True'),
+        log_level=parse_level(opt('default_sdk_harness_log_level')),
+        log_overrides={k: parse_level(v) for k, v in (overrides or {}).items()}
+        or None)
 
 
 @dataclasses.dataclass
@@ -144,7 +192,10 @@ class PipelineExecution:
       sc = spark_context(self.settings.master, self.settings.conf)
       job = SparkPipelineJob(
           sc, plan, self.job_id,
-          SparkJobOptions(parallelism=self.settings.parallelism),
+          SparkJobOptions(
+              parallelism=self.settings.parallelism,
+              log_level=self.settings.log_level,
+              log_overrides=self.settings.log_overrides),
           log=self.message)
       with self._lock:
         self._spark_job = job

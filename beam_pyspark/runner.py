@@ -16,6 +16,8 @@ from apache_beam.transforms import environments
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.execution import PipelineExecution
 from beam_pyspark.execution import SparkSettings
+from beam_pyspark.execution import parse_level
+from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.metrics import PipelineMetrics
 from beam_pyspark.options import PySparkRunnerOptions
 from beam_pyspark.spark.session import parse_conf
@@ -38,11 +40,16 @@ def spark_settings(options: pipeline_options.PipelineOptions) -> SparkSettings:
   explicit = options.get_all_options(drop_default=True)
   master = explicit.get('spark_master_url')
   ours = options.view_as(PySparkRunnerOptions)
+  worker = options.view_as(pipeline_options.WorkerOptions)
   return SparkSettings(
       master=master,
       conf=parse_conf(ours.spark_conf),
       parallelism=ours.spark_parallelism,
-      drain=bool(ours.drain))
+      drain=bool(ours.drain),
+      log_level=parse_level(worker.default_sdk_harness_log_level),
+      log_overrides={
+          name: parse_level(level) for name, level in
+          (worker.sdk_harness_log_level_overrides or {}).items()} or None)
 
 
 class PySparkRunner(runner.PipelineRunner):
@@ -65,9 +72,19 @@ class PySparkRunner(runner.PipelineRunner):
     return self.run_portable_pipeline(proto, options)
 
   def run_portable_pipeline(self, pipeline, options):
-    execution = PipelineExecution(pipeline, spark_settings(options))
+    execution = PipelineExecution(
+        pipeline, spark_settings(options), listener=_log_messages)
     execution.start()  # raises UnsupportedPipelineError before running
     return PySparkPipelineResult(execution)
+
+
+def _log_messages(event) -> None:
+  """The job's messages (executors' logs among them) in the client's log."""
+  kind, payload = event
+  if kind == 'message':
+    _LOGGER.log(
+        PYTHON_LEVELS.get(payload.importance, logging.INFO), '%s',
+        payload.text)
 
 
 class PySparkPipelineResult(runner.PipelineResult):

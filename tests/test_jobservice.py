@@ -214,3 +214,66 @@ def test_history_survives_restart(tmp_path):
     assert JobState.RUNNING in states
   finally:
     second.stop()
+
+
+def _messages(stub, job_id):
+  """The job's message stream, which ends when the job has ended."""
+  out = []
+  for response in stub.GetMessageStream(
+      beam_job_api_pb2.JobMessagesRequest(job_id=job_id)):
+    if response.HasField('message_response'):
+      out.append(response.message_response)
+  return out
+
+
+def test_user_log_lines_reach_the_message_stream(server):
+  import apache_beam as beam
+  Importance = beam_job_api_pb2.JobMessage.MessageImportance
+
+  def chatty(x):
+    import logging
+    logging.getLogger('my.dofn').info('info line for %s', x)
+    logging.getLogger('my.dofn').warning('warning line for %s', x)
+    logging.getLogger('my.dofn').debug('debug line for %s', x)
+    return x
+
+  p = beam.Pipeline(options=_portable_options(server))
+  _ = p | beam.Create(['x1', 'x2']) | beam.Map(chatty)
+  result = p.run()
+  result.wait_until_finish()
+  messages = _messages(server.stub, result._job_id)
+  by_text = {m.message_text: m.importance for m in messages}
+  for x in ('x1', 'x2'):
+    assert by_text.get(f'my.dofn: info line for {x}') == (
+        Importance.JOB_MESSAGE_BASIC), sorted(by_text)
+    assert by_text.get(f'my.dofn: warning line for {x}') == (
+        Importance.JOB_MESSAGE_WARNING)
+    # Below Beam's default harness log level (INFO): not forwarded.
+    assert f'my.dofn: debug line for {x}' not in by_text
+
+
+def test_harness_log_level_option_filters_and_bad_level_is_refused(server):
+  import apache_beam as beam
+
+  def chatty(x):
+    import logging
+    logging.getLogger('my.dofn').info('quiet info %s', x)
+    logging.getLogger('my.dofn').error('loud error %s', x)
+    return x
+
+  p = beam.Pipeline(options=_portable_options(
+      server, '--default_sdk_harness_log_level=ERROR'))
+  _ = p | beam.Create(['y']) | beam.Map(chatty)
+  result = p.run()
+  result.wait_until_finish()
+  texts = [m.message_text for m in _messages(server.stub, result._job_id)]
+  assert 'my.dofn: loud error y' in texts
+  assert 'my.dofn: quiet info y' not in texts
+
+  p = beam.Pipeline(options=_portable_options(
+      server, '--default_sdk_harness_log_level=LOUDEST'))
+  _ = p | beam.Create(['z']) | beam.Map(chatty)
+  with pytest.raises(Exception) as info:
+    p.run()
+  assert 'LOUDEST' in str(info.value)
+  assert 'level name' in str(info.value)

@@ -62,12 +62,8 @@ def spark_invoke(config: JobServerConfig):
   from beam_pyspark.execution import SparkSettings
 
   def invoke(job_id, pipeline, options, listener):
-    parallelism = options.get('beam:option:spark_parallelism:v1')
-    settings = SparkSettings(
-        master=config.spark_master_url,
-        conf=dict(config.spark_conf),
-        parallelism=int(parallelism) if parallelism else None,
-        drain=options.get('beam:option:drain:v1') in (True, 'true', 'True'))
+    settings = SparkSettings.from_job_options(
+        options, master=config.spark_master_url, conf=config.spark_conf)
     return PipelineExecution(pipeline, settings, job_id, listener)
 
   return invoke

@@ -305,6 +305,11 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
           pipeline, self._staging.resolved_artifacts(job.staging_token))
     try:
       execution = self._invoke(job.job_id, pipeline, job.options, job.listener)
+    except ValueError as exn:  # a pipeline option we cannot honour
+      raise Refusal(
+          grpc.StatusCode.INVALID_ARGUMENT,
+          f'Invalid pipeline option for job {job.job_id!r}: {exn}') from exn
+    try:
       job.execution = execution
       threading.Thread(
           target=self._watch, args=(job, ), daemon=True,

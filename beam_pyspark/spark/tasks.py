@@ -7,10 +7,12 @@ coder ids); the work itself is in ``beam_pyspark.worker``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from typing import Iterable
 from typing import Iterator
+from typing import Optional
 
 from pyspark.accumulators import AccumulatorParam
 
@@ -20,6 +22,7 @@ from beam_pyspark.spark.session import driver_python_path
 from beam_pyspark.worker import elements
 from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.grouping import group_values
+from beam_pyspark.worker.logs import capture_logs
 from beam_pyspark.worker.runtime import job_runtime
 
 
@@ -44,6 +47,9 @@ class TaskContext:
   metrics: object  # Accumulator[list]
   bundle_bytes: int
   python_path: list[str]
+  logs: object = None  # Accumulator[list] of (time, level, text)
+  log_level: int = logging.INFO
+  log_overrides: Optional[dict] = None
 
   def runtime(self):
     # Executors of a local master share the driver's file system: make the
@@ -113,13 +119,20 @@ class RunStage:
       keyers[transform_id] = (
           runtime.coder_impl(coder_id),
           coder.wrapped_value_coder.key_coder().get_impl())
-    for transform_id, chunk in runner.run(records):
-      keyer = keyers.get(transform_id)
-      if keyer is None:
-        yield transform_id, chunk
-      else:
-        for pair in elements.keyed_elements(keyer[0], keyer[1], [chunk]):
-          yield transform_id, pair
+    with capture_logs(ctx.log_level, ctx.log_overrides) as captured:
+      try:
+        for transform_id, chunk in runner.run(records):
+          keyer = keyers.get(transform_id)
+          if keyer is None:
+            yield transform_id, chunk
+          else:
+            for pair in elements.keyed_elements(keyer[0], keyer[1], [chunk]):
+              yield transform_id, pair
+      finally:
+        # A failed task's accumulator updates are dropped by Spark; its
+        # error (with the user's traceback) reaches the job another way.
+        if ctx.logs is not None:
+          ctx.logs.add(captured.entries())
 
 
 class KeyElements:

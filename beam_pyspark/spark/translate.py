@@ -26,11 +26,14 @@ import threading
 from typing import Callable
 from typing import Optional
 
+from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 from apache_beam.runners.portability.fn_api_runner import translations as tr
 
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.messages import PYTHON_LEVELS
+from beam_pyspark.messages import importance_of
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
@@ -48,6 +51,9 @@ _LOGGER = logging.getLogger(__name__)
 class SparkJobOptions:
   parallelism: Optional[int] = None  # default: sc.defaultParallelism
   bundle_bytes: int = 32 << 20
+  # What executors forward of the logs written while a stage runs.
+  log_level: int = logging.INFO
+  log_overrides: Optional[dict] = None
 
 
 class SparkPipelineJob:
@@ -58,12 +64,13 @@ class SparkPipelineJob:
       plan: ExecutionPlan,
       job_id: str,
       options: Optional[SparkJobOptions] = None,
-      log: Callable[[str], None] = _LOGGER.info):
+      log: Callable[..., None] = None):
     self.sc = sc
     self.plan = plan
     self.job_id = job_id
     self.options = options or SparkJobOptions()
-    self.log = log
+    # log(text, importance): the job's message stream.
+    self.log = log or _log_to_python
     self.metrics = TaskMetrics()
     self._cancelled = threading.Event()
     self._runtime = JobRuntime(job_id, plan.components)
@@ -91,7 +98,11 @@ class SparkPipelineJob:
         components=components,
         metrics=sc.accumulator([], tasks.ListAccumulator()),
         bundle_bytes=self.options.bundle_bytes,
-        python_path=tasks.driver_paths())
+        python_path=tasks.driver_paths(),
+        logs=sc.accumulator([], tasks.ListAccumulator()),
+        log_level=self.options.log_level,
+        log_overrides=self.options.log_overrides)
+    self._logs_forwarded = 0
     try:
       terminal = []
       for stage in self.plan.stages:
@@ -105,6 +116,7 @@ class SparkPipelineJob:
         self._action(lambda: sc.union(terminal).foreach(tasks.consume))
       self.metrics.add(self._ctx.metrics.value)
     finally:
+      self._forward_logs()
       for rdd in self._persisted:
         try:
           rdd.unpersist()
@@ -266,6 +278,24 @@ class SparkPipelineJob:
       if self._cancelled.is_set():
         raise JobCancelledError(f'job {self.job_id} was cancelled') from exn
       raise PipelineExecutionError(spark_failure_message(exn)) from exn
+    finally:
+      self._forward_logs()
+
+  def _forward_logs(self) -> None:
+    """Sends what executors logged since the last action to the job."""
+    ctx = getattr(self, '_ctx', None)
+    if ctx is None or ctx.logs is None:
+      return
+    entries = ctx.logs.value
+    fresh = entries[self._logs_forwarded:]
+    self._logs_forwarded = len(entries)
+    for _, level, text in sorted(fresh, key=lambda e: e[0]):
+      self.log(text, importance_of(level))
+
+
+def _log_to_python(text: str, importance: int = (
+    beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_BASIC)) -> None:
+  _LOGGER.log(PYTHON_LEVELS.get(importance, logging.INFO), '%s', text)
 
 
 def spark_failure_message(exn: BaseException) -> str:

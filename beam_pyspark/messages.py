@@ -1,0 +1,30 @@
+"""Job messages and Python logging levels, both ways."""
+
+import logging
+
+from apache_beam.portability.api import beam_job_api_pb2
+
+PYTHON_LEVELS = {
+    beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_DEBUG:
+        logging.DEBUG,
+    beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_DETAILED:
+        logging.DEBUG,
+    beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_BASIC:
+        logging.INFO,
+    beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_WARNING:
+        logging.WARNING,
+    beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_ERROR:
+        logging.ERROR,
+}
+
+
+def importance_of(level: int) -> int:
+  """The JobMessage importance of a Python logging level."""
+  importance = beam_job_api_pb2.JobMessage.MessageImportance
+  if level >= logging.ERROR:
+    return importance.JOB_MESSAGE_ERROR
+  if level >= logging.WARNING:
+    return importance.JOB_MESSAGE_WARNING
+  if level >= logging.INFO:
+    return importance.JOB_MESSAGE_BASIC
+  return importance.JOB_MESSAGE_DEBUG
