@@ -1,0 +1,325 @@
+"""Run the benchmark workloads side by side and print times and ratios.
+
+    python -m benchmarks.run [--size-mb 20] [--repeats 3] [--workloads ...]
+
+Every workload runs three ways, in one process, on one SparkContext
+(``--master``, local[2] by default):
+
+* ``ours``     Beam on ``beam_pyspark.PySparkRunner`` (which reuses the
+               active SparkContext);
+* ``pyspark``  the same work hand-written with PySpark's RDD API;
+* ``direct``   Beam's DirectRunner (for batch, the FnApiRunner) with
+               ``--direct_num_workers=2 --direct_running_mode=multi_processing``;
+* ``direct_inmem``  the same in ``in_memory`` mode (one process; not run
+               unless asked for with ``--variants``).
+
+The ratio ours / DirectRunner is taken against the faster of the
+DirectRunner variants that ran.
+
+The time of a run is its pipeline time: from building the pipeline (or the
+RDDs) to its last output file being written; the SparkContext is already
+up.  Before the timed runs every variant runs once over a small input, so
+that the JVM, the Python workers and their imports are warm for all of
+them; those warm-up times are printed too.  Within a repeat the order of
+the variants rotates, so a burst of load on a shared machine does not
+always fall on the same one.  The outputs of every run are checked against
+each other (an order-independent digest of their lines); a mismatch fails
+the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from benchmarks import corpus
+from benchmarks import workloads as wl
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = ('ours', 'pyspark', 'direct', 'direct_inmem')
+DEFAULT_VARIANTS = ('ours', 'pyspark', 'direct')
+DIRECT_MODES = {'direct': 'multi_processing', 'direct_inmem': 'in_memory'}
+WARMUP_MB = 0.5
+
+# What the runner itself sets when it starts Spark (beam_pyspark/spark/
+# session.py), so the hand-written jobs run under the same settings.
+RUNNER_DEFAULT_CONF = {
+    'spark.ui.showConsoleProgress': 'false',
+    'spark.python.worker.reuse': 'true',
+}
+
+
+@dataclasses.dataclass
+class Run:
+  workload: str
+  variant: str
+  size_mb: float
+  repeat: int  # -1: warm-up
+  seconds: float
+  digest: str
+
+
+def direct_flags(mode: str, workers: int) -> list[str]:
+  return [
+      '--runner=DirectRunner', f'--direct_num_workers={workers}',
+      f'--direct_running_mode={mode}',
+      # Its workers would otherwise log every bundle's set-up at INFO.
+      '--default_sdk_harness_log_level=WARNING',
+  ]
+
+
+def our_flags(parallelism: Optional[int]) -> list[str]:
+  flags = ['--runner=beam_pyspark.PySparkRunner']
+  if parallelism:
+    flags.append(f'--spark_parallelism={parallelism}')
+  return flags
+
+
+def start_spark(master: str, conf: dict):
+  """The one SparkContext of the process, with the runner's settings."""
+  from pyspark.sql import SparkSession
+  os.environ['PYSPARK_PYTHON'] = sys.executable
+  os.environ['PYSPARK_DRIVER_PYTHON'] = sys.executable
+  # Executors and DirectRunner workers unpickle functions of
+  # benchmarks.workloads by reference.
+  paths = [REPO_ROOT] + [
+      p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+  os.environ['PYTHONPATH'] = os.pathsep.join(dict.fromkeys(paths))
+  settings = dict(RUNNER_DEFAULT_CONF)
+  settings['spark.executorEnv.PYTHONPATH'] = os.pathsep.join(
+      dict.fromkeys([REPO_ROOT] + [p for p in sys.path if p and os.path.isdir(p)]))
+  settings.update(conf)
+  builder = SparkSession.builder.master(master).appName('beam-pyspark-bench')
+  for key, value in settings.items():
+    builder = builder.config(key, value)
+  session = builder.getOrCreate()
+  session.sparkContext.setLogLevel('WARN')
+  return session
+
+
+def machine_facts(sc) -> dict:
+  import apache_beam
+  import pyspark
+
+  def java_version():
+    try:
+      out = subprocess.run(['java', '-version'], capture_output=True, text=True)
+      return (out.stderr or out.stdout).splitlines()[0]
+    except (OSError, IndexError):
+      return 'unknown'
+
+  mem_kb = 0
+  with open('/proc/meminfo') as f:
+    for line in f:
+      if line.startswith('MemTotal:'):
+        mem_kb = int(line.split()[1])
+  cpu = platform.processor() or ''
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          cpu = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  return {
+      'nproc': os.cpu_count(),
+      'cpu': cpu,
+      'ram_gib': round(mem_kb / (1 << 20), 1),
+      'python': platform.python_version(),
+      'java': java_version(),
+      'spark': pyspark.__version__,
+      'beam': apache_beam.__version__,
+      'master': sc.master,
+      'load_avg_at_start': os.getloadavg(),
+  }
+
+
+class Bench:
+  def __init__(self, args, sc):
+    self.args = args
+    self.sc = sc
+    self.runs: list[Run] = []
+    self.flags = {
+        'ours': our_flags(args.spark_parallelism),
+        **{
+            variant: direct_flags(mode, args.direct_workers)
+            for variant, mode in DIRECT_MODES.items()
+        }
+    }
+
+  def inputs(self, workload: wl.Workload, size_mb: float) -> dict:
+    return {
+        role: corpus.ensure(self.args.corpus_dir, kind, size_mb, self.args.seed)
+        for role, kind in workload.inputs.items()
+    }
+
+  def run_once(
+      self, workload: wl.Workload, variant: str, paths: dict, size_mb: float,
+      repeat: int) -> Run:
+    out_dir = os.path.join(self.args.out, 'runs', workload.name, variant)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    output = os.path.join(out_dir, 'out')
+    start = time.perf_counter()
+    if variant == 'pyspark':
+      wl.run_pyspark(workload, self.sc, paths, output)
+    else:
+      wl.run_beam(workload, self.flags[variant], paths, output)
+    seconds = time.perf_counter() - start
+    run = Run(
+        workload.name, variant, size_mb, repeat, seconds,
+        str(wl.digest(output)))
+    self.runs.append(run)
+    return run
+
+  def workload(self, workload: wl.Workload, variants: list[str]) -> None:
+    args = self.args
+    if not args.no_warmup:
+      paths = self.inputs(workload, WARMUP_MB)
+      for variant in variants:
+        run = self.run_once(workload, variant, paths, WARMUP_MB, -1)
+        print(f'  warm-up {workload.name:15s} {variant:8s} '
+              f'{run.seconds:7.2f}s  {run.digest}', flush=True)
+      self.check(workload.name, -1)
+    paths = self.inputs(workload, args.size_mb)
+    for repeat in range(args.repeats):
+      k = repeat % len(variants)
+      for variant in variants[k:] + variants[:k]:
+        run = self.run_once(workload, variant, paths, args.size_mb, repeat)
+        print(f'  run {repeat + 1}/{args.repeats} {workload.name:15s} '
+              f'{variant:8s} {run.seconds:7.2f}s  {run.digest}', flush=True)
+      self.check(workload.name, repeat)
+
+  def check(self, workload: str, repeat: int) -> None:
+    digests = {
+        r.variant: r.digest
+        for r in self.runs
+        if r.workload == workload and r.repeat == repeat
+    }
+    if len(set(digests.values())) > 1:
+      raise SystemExit(
+          f'{workload}: the variants disagree on the output: {digests}')
+
+  def medians(self) -> dict:
+    table = {}
+    for r in self.runs:
+      if r.repeat >= 0:
+        table.setdefault(r.workload, {}).setdefault(r.variant, []).append(r.seconds)
+    return {
+        w: {v: statistics.median(times) for v, times in by_variant.items()}
+        for w, by_variant in table.items()
+    }
+
+
+def format_table(medians: dict, size_mb: float, repeats: int) -> str:
+  """A Markdown table: median seconds per variant and the two ratios."""
+  directs = [v for v in DIRECT_MODES if any(v in m for m in medians.values())]
+  head = ['workload', 'ours (s)', 'PySpark (s)'] + [
+      f'Direct {DIRECT_MODES[v]} (s)' for v in directs
+  ] + ['ours / PySpark', 'ours / Direct']
+  lines = [
+      f'Input: {size_mb:g} MiB per workload; medians of {repeats} runs.', '',
+      '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)
+  ]
+
+  def cell(x):
+    return '-' if x is None else f'{x:.1f}'
+
+  def ratio(a, b):
+    return '-' if a is None or b is None else f'{a / b:.2f}x'
+
+  for name, m in medians.items():
+    direct_times = [m[v] for v in directs if v in m]
+    best_direct = min(direct_times) if direct_times else None
+    row = [name, cell(m.get('ours')), cell(m.get('pyspark'))]
+    row += [cell(m.get(v)) for v in directs]
+    row += [ratio(m.get('ours'), m.get('pyspark')), ratio(m.get('ours'), best_direct)]
+    lines.append('| ' + ' | '.join(row) + ' |')
+  if len(directs) > 1:
+    lines.append('')
+    lines.append('ours / Direct is against the faster DirectRunner mode.')
+  return '\n'.join(lines)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(
+      description='Beam on beam_pyspark vs hand-written PySpark vs DirectRunner.')
+  parser.add_argument(
+      '--size-mb', type=float, default=20,
+      help='MiB of main input per workload (default 20)')
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument(
+      '--workloads', default=','.join(wl.WORKLOADS),
+      help='comma-separated, of: ' + ', '.join(wl.WORKLOADS))
+  parser.add_argument(
+      '--variants', default=','.join(DEFAULT_VARIANTS),
+      help='comma-separated, of: ' + ', '.join(VARIANTS))
+  parser.add_argument('--master', default='local[2]')
+  parser.add_argument(
+      '--spark-conf', action='append', default=[], metavar='KEY=VALUE',
+      help='a Spark setting for the shared SparkContext; repeatable')
+  parser.add_argument(
+      '--spark-parallelism', type=int, default=None,
+      help='--spark_parallelism for our runner (default: its own)')
+  parser.add_argument('--direct-workers', type=int, default=2)
+  parser.add_argument('--seed', type=int, default=corpus.DEFAULT_SEED)
+  parser.add_argument('--out', default=os.path.join('out', 'bench'))
+  parser.add_argument('--corpus-dir', default=None,
+                      help='default: OUT/corpus (inputs are cached there)')
+  parser.add_argument('--no-warmup', action='store_true')
+  args = parser.parse_args(argv)
+  args.corpus_dir = args.corpus_dir or os.path.join(args.out, 'corpus')
+  names = [n for n in args.workloads.split(',') if n]
+  unknown = [n for n in names if n not in wl.WORKLOADS]
+  variants = [v for v in args.variants.split(',') if v]
+  if unknown or any(v not in VARIANTS for v in variants):
+    parser.error(f'unknown workload or variant in {names} {variants}')
+
+  logging.basicConfig(level=logging.WARNING)
+  conf = dict(pair.split('=', 1) for pair in args.spark_conf)
+  session = start_spark(args.master, conf)
+  sc = session.sparkContext
+  facts = machine_facts(sc)
+  print('Machine:', json.dumps(facts))
+  print(f'Spark conf: {json.dumps({**RUNNER_DEFAULT_CONF, **conf})}')
+  bench = Bench(args, sc)
+  for variant in variants:
+    if variant in DIRECT_MODES:
+      print(f'{variant}: {" ".join(bench.flags[variant])}')
+  started = time.monotonic()
+  for name in names:
+    workload = wl.WORKLOADS[name]
+    print(f'{name}: {workload.description}', flush=True)
+    bench.workload(workload, variants)
+  medians = bench.medians()
+  table = format_table(medians, args.size_mb, args.repeats)
+  print()
+  print(table)
+  print(f'\nTotal {time.monotonic() - started:.0f}s; outputs of all variants agreed.')
+  os.makedirs(args.out, exist_ok=True)
+  stamp = time.strftime('%Y%m%d-%H%M%S')
+  result_path = os.path.join(args.out, f'results-{stamp}.json')
+  with open(result_path, 'w') as f:
+    json.dump({
+        'machine': facts,
+        'args': vars(args),
+        'runs': [dataclasses.asdict(r) for r in bench.runs],
+        'medians': medians,
+        'table': table,
+    }, f, indent=1)
+  print(f'Raw times: {result_path}')
+
+
+if __name__ == '__main__':
+  main()
