@@ -14,8 +14,10 @@ import sys
 import time
 
 import grpc
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_artifact_api_pb2_grpc
 from apache_beam.portability.api import beam_job_api_pb2_grpc
+from apache_beam.portability.api import beam_runner_api_pb2
 
 _LISTENING = re.compile(r'(Job|Artifact|Expansion) service listening on (.*)$')
 
@@ -87,3 +89,33 @@ class JobServerProcess:
         self.proc.wait(30)
     self.proc.stdout.close()
     self._log.close()
+
+
+def file_dependency(path: str, staged_name: str):
+  """A FILE artifact as Beam's stager makes them."""
+  return beam_runner_api_pb2.ArtifactInformation(
+      type_urn=common_urns.artifact_types.FILE.urn,
+      type_payload=beam_runner_api_pb2.ArtifactFilePayload(
+          path=path).SerializeToString(),
+      role_urn=common_urns.artifact_roles.STAGING_TO.urn,
+      role_payload=beam_runner_api_pb2.ArtifactStagingToRolePayload(
+          staged_name=staged_name).SerializeToString())
+
+
+def url_dependency(url: str, sha256: str = ''):
+  return beam_runner_api_pb2.ArtifactInformation(
+      type_urn=common_urns.artifact_types.URL.urn,
+      type_payload=beam_runner_api_pb2.ArtifactUrlPayload(
+          url=url, sha256=sha256).SerializeToString())
+
+
+def pipeline_with_dependencies(artifacts):
+  """A small runnable pipeline whose one environment depends on artifacts."""
+  import apache_beam as beam
+  from apache_beam.transforms import environments
+  p = beam.Pipeline()
+  _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x + 1)
+  return p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment(
+          capabilities=environments.python_sdk_capabilities(),
+          artifacts=list(artifacts)))

@@ -702,3 +702,127 @@ def test_protocol_with_nothing_to_stage_finishes_at_once():
   protocol = staging_module.StagingProtocol('tok', {'env': []})
   assert protocol.start() == [staging_module.Finished()]
   assert protocol.phase is staging_module.Phase.FINISHED
+
+
+# -- Restarts: manifests and recovery -----------------------------------------
+
+
+def test_recovery_keeps_retained_jobs_and_deletes_the_rest(tmp_path, servers):
+  """Two processes, one after the other, over the same directories."""
+  src = tmp_path / 'client'
+  src.mkdir()
+  shared = os.urandom(100_000)
+  deps = {
+      'job-kept': [
+          file_artifact(write_file(src / 's1', shared), 'shared.whl'),
+          file_artifact(write_file(src / 'k', b'kept only'), 'k.txt'),
+          url_artifact('https://example.com/kept.tar.gz'),
+      ],
+      'job-gone': [
+          file_artifact(write_file(src / 's2', shared), 'shared.whl'),
+          file_artifact(write_file(src / 'g', b'gone only'), 'g.txt'),
+      ],
+  }
+  root, manifests = tmp_path / 'staged', tmp_path / 'manifests'
+  first = servers(root, manifest_dir=str(manifests))
+  for token, artifacts in deps.items():
+    first.staging.register_job(token, {'env': artifacts})
+    first.offer(token)
+  kept_before = first.staging.resolved_artifacts('job-kept')
+  gone_own = file_path(first.staging.resolved_artifacts('job-gone')['env'][1])
+  first.stop()
+  assert len(listing(manifests)) == 2
+  write_file(root / ('.partial-' + 'ab' * 16), b'cut short')
+  write_file(root / f'{"0" * 64}-orphan.bin', b'committed, never recorded')
+  os.mkdir(root / 'not-ours')
+
+  second = servers(root, manifest_dir=str(manifests))
+  recovery = second.staging.recover(['job-kept', 'job-never-staged'])
+
+  assert recovery.kept_jobs == ['job-kept']
+  assert recovery.forgotten_jobs == ['job-gone']
+  assert sorted(recovery.deleted_files) == sorted([
+      os.path.basename(gone_own), '.partial-' + 'ab' * 16,
+      f'{"0" * 64}-orphan.bin'])
+  assert recovery.foreign_files == ['not-ours']
+  assert second.staging.is_staged('job-kept')
+  assert second.staging.resolved_artifacts('job-kept') == kept_before
+  assert not second.staging.is_staged('job-gone')
+  shared_file, kept_file, _ = kept_before['env']
+  assert second.read(shared_file) == shared
+  assert second.read(kept_file) == b'kept only'
+  assert second.staging.stages_url('https://example.com/kept.tar.gz')
+  assert len(listing(manifests)) == 1
+
+  # The recovered job is removed like any other, files and record.
+  second.staging.remove_job('job-kept')
+  assert listing(root) == ['not-ours']
+  assert listing(manifests) == []
+  assert not second.staging.stages_url('https://example.com/kept.tar.gz')
+
+
+def test_recovery_reports_missing_files(tmp_path, servers):
+  src = tmp_path / 'client'
+  src.mkdir()
+  root, manifests = tmp_path / 'staged', tmp_path / 'manifests'
+  first = servers(root, manifest_dir=str(manifests))
+  first.staging.register_job(
+      'job-x', {
+          'env': [
+              file_artifact(write_file(src / 'a', b'aaa'), 'a.txt'),
+              file_artifact(write_file(src / 'b', b'bbb'), 'b.txt'),
+          ]
+      })
+  first.offer('job-x')
+  a, b = first.staging.resolved_artifacts('job-x')['env']
+  first.stop()
+  os.remove(file_path(b))
+
+  second = servers(root, manifest_dir=str(manifests))
+  assert second.staging.recover(['job-x']).kept_jobs == ['job-x']
+  with pytest.raises(ArtifactStagingError, match='missing') as info:
+    second.staging.resolved_artifacts('job-x')
+  assert os.path.basename(file_path(b)) in str(info.value)
+  # What is left is still held, and goes with the job.
+  assert os.path.exists(file_path(a))
+  second.staging.remove_job('job-x')
+  assert listing(root) == [] and listing(manifests) == []
+
+
+def test_failed_or_removed_staging_leaves_no_record(tmp_path, servers):
+  src = tmp_path / 'client'
+  src.mkdir()
+  manifests = tmp_path / 'manifests'
+  writer = FailingWriter(fail_after=1000)
+  server = servers(
+      tmp_path / 'staged', file_writer=writer, manifest_dir=str(manifests))
+  big = file_artifact(write_file(src / 'big', os.urandom(50_000)), 'big')
+  server.staging.register_job('job-fail', {'env': [big]})
+  with pytest.raises(grpc.RpcError):
+    server.offer('job-fail')
+  assert listing(manifests) == []
+  writer.fail_after = 1 << 30
+  server.offer('job-fail')
+  assert len(listing(manifests)) == 1
+  server.staging.remove_job('job-fail')
+  assert listing(manifests) == []
+
+
+def test_recover_needs_a_manifest_dir(tmp_path):
+  staging = ArtifactStagingService(str(tmp_path / 'staged'))
+  try:
+    with pytest.raises(ArtifactStagingError, match='manifest_dir'):
+      staging.recover([])
+  finally:
+    staging.close()
+
+
+def test_url_artifacts_need_an_explicit_allow_rule(tmp_path, servers):
+  with pytest.raises(ValueError, match='url_allowed'):
+    ArtifactRetrievalService(str(tmp_path), url_opener=open)
+  # Without an opener, URLs are refused, saying what is served.
+  server = servers(tmp_path / 'staged')
+  with pytest.raises(grpc.RpcError) as info:
+    server.read(url_artifact('https://example.com/x.whl'))
+  assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+  assert URL in info.value.details()

@@ -15,17 +15,16 @@ import threading
 import time
 
 import psutil
-import pytest
 
-import apache_beam as beam
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_artifact_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability import artifact_service as beam_artifacts
-from apache_beam.transforms import environments
 
 from jobserver_process import JobServerProcess
+from jobserver_process import file_dependency
+from jobserver_process import pipeline_with_dependencies
 
 MB = 1 << 20
 SIZE = 200 * MB
@@ -44,22 +43,6 @@ def _write_random_file(path, size) -> str:
       hasher.update(data)
       f.write(data)
   return hasher.hexdigest()
-
-
-def _pipeline_depending_on(path: str, staged_name: str):
-  artifact = beam_runner_api_pb2.ArtifactInformation(
-      type_urn=common_urns.artifact_types.FILE.urn,
-      type_payload=beam_runner_api_pb2.ArtifactFilePayload(
-          path=path).SerializeToString(),
-      role_urn=common_urns.artifact_roles.STAGING_TO.urn,
-      role_payload=beam_runner_api_pb2.ArtifactStagingToRolePayload(
-          staged_name=staged_name).SerializeToString())
-  p = beam.Pipeline()
-  _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x + 1)
-  return p.to_runner_api(
-      default_environment=environments.EmbeddedPythonEnvironment(
-          capabilities=environments.python_sdk_capabilities(),
-          artifacts=[artifact]))
 
 
 class RssSampler:
@@ -96,7 +79,8 @@ def test_staging_200mb_keeps_server_memory_bounded(tmp_path):
     prepared = server.job_stub.Prepare(
         beam_job_api_pb2.PrepareJobRequest(
             job_name='big',
-            pipeline=_pipeline_depending_on(path, 'big-dependency.tar.gz')))
+            pipeline=pipeline_with_dependencies(
+                [file_dependency(path, 'big-dependency.tar.gz')])))
     assert prepared.artifact_staging_endpoint.url == server.artifact_endpoint
     server_process = psutil.Process(server.pid)
     baseline = server_process.memory_info().rss

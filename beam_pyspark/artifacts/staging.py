@@ -36,9 +36,11 @@ import dataclasses
 import enum
 import logging
 import queue
+import os
 import threading
 import time
 import uuid
+from typing import Iterable
 from typing import Iterator
 from typing import Mapping
 from typing import Optional
@@ -51,6 +53,7 @@ from apache_beam.portability.api import beam_artifact_api_pb2
 from apache_beam.portability.api import beam_artifact_api_pb2_grpc
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.artifacts.manifests import ManifestStore
 from beam_pyspark.artifacts.retrieval import abort
 from beam_pyspark.artifacts.store import ArtifactSink
 from beam_pyspark.artifacts.store import BlobStore
@@ -479,12 +482,14 @@ class _StagingStream:
       return  # the failure is already on its way to the client
     resolved: DependencySets = {}
     stored_bytes = 0
+    stored_files = []
     for env, slots in self._results.items():
       resolved[env] = []
       for _, entry in sorted(slots.items()):
         if isinstance(entry, ArtifactSink):
           stored = entry.result.result()
           stored_bytes += stored.size
+          stored_files.append(os.path.basename(stored.path))
           entry = ArtifactInformation(
               type_urn=_FILE,
               type_payload=beam_runner_api_pb2.ArtifactFilePayload(
@@ -492,6 +497,10 @@ class _StagingStream:
               role_urn=entry.artifact.role_urn,
               role_payload=entry.artifact.role_payload)
         resolved[env].append(entry)
+    # Recorded before the job counts as staged, so that a restarted server
+    # knows these files are in use. A failure from here on removes it again
+    # (cleanup), as does the job's removal.
+    self._service._record(self.staging_token, stored_files, resolved)
     with self._lock:
       if self._failure is not None:
         return
@@ -533,6 +542,7 @@ class _StagingStream:
         sink.cancel(reason)
       concurrent.futures.wait([s.result for s in sinks])
       deleted = self._store.release(self.holder)
+      self._service._unrecord(self.staging_token)
       self._service._staging_failed(self, failure)
       # A writer's traceback helps whoever runs the server; a client going
       # away or breaking the protocol needs none.
@@ -551,6 +561,15 @@ class StagingState(enum.Enum):
   STAGING = 'staging'  # a stream is active
   STAGED = 'staged'
   FAILED = 'failed'  # the last stream failed; the client may try again
+
+
+@dataclasses.dataclass
+class Recovery:
+  """What ``recover()`` found."""
+  kept_jobs: list[str] = dataclasses.field(default_factory=list)
+  forgotten_jobs: list[str] = dataclasses.field(default_factory=list)
+  deleted_files: list[str] = dataclasses.field(default_factory=list)
+  foreign_files: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -588,13 +607,17 @@ class ArtifactStagingService(
     writers: threads writing artifacts, shared by all streams.
     file_writer: opens a path for binary writing; ``open(path, 'xb')`` by
       default. Injectable so tests can simulate slow or failing disks.
+    manifest_dir: where to record which files each staged job holds, so
+      that a later process can ``recover()`` them; None keeps that in
+      memory only (nothing survives a restart).
   """
   def __init__(
       self,
       root: str,
       max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
       writers: int = 4,
-      file_writer: Optional[FileWriter] = None):
+      file_writer: Optional[FileWriter] = None,
+      manifest_dir: Optional[str] = None):
     if max_buffered_bytes <= 0:
       raise ValueError(
           f'max_buffered_bytes must be positive, not {max_buffered_bytes}')
@@ -602,6 +625,7 @@ class ArtifactStagingService(
       raise ValueError(f'writers must be positive, not {writers}')
     self._store = BlobStore(root, file_writer)
     self.root = self._store.root
+    self._manifests = ManifestStore(manifest_dir) if manifest_dir else None
     self._budget = ByteBudget(max_buffered_bytes)
     self._writers = concurrent.futures.ThreadPoolExecutor(
         max_workers=writers, thread_name_prefix='artifact-writer')
@@ -681,9 +705,82 @@ class ArtifactStagingService(
               'being staged.'))
     if job.holder is not None:
       deleted = self._store.release(job.holder)
+      self._unrecord(staging_token)
       _LOGGER.info(
           'Removed staged artifacts of %r: %d files deleted', staging_token,
           deleted)
+
+  def stages_url(self, url: str) -> bool:
+    """Whether a staged job depends on this URL artifact (kept as a URL)."""
+    with self._lock:
+      for job in self._jobs.values():
+        if job.state is StagingState.STAGED:
+          for artifacts in job.resolved.values():
+            for artifact in artifacts:
+              if artifact.type_urn == _URL and url == (
+                  beam_runner_api_pb2.ArtifactUrlPayload.FromString(
+                      artifact.type_payload).url):
+                return True
+    return False
+
+  def recover(self, retained_tokens: Iterable[str]) -> 'Recovery':
+    """At start-up: takes back what earlier processes staged for jobs kept.
+
+    The rule: a job's staged files live as long as its history entry (the
+    job service removes the job when it drops the entry). So the jobs whose
+    staging tokens are in ``retained_tokens`` (those the job store still
+    lists) are staged again, holding their files, and are removed, files
+    and all, when their entry is dropped later. Every other file of the
+    root that this service named is deleted: files of jobs no longer
+    retained, uploads a crash cut short, files committed just before a
+    crash and never recorded. Call it before serving; it needs
+    ``manifest_dir``.
+    """
+    if self._manifests is None:
+      raise ArtifactStagingError(
+          'recover() needs a manifest_dir: without one, nothing records '
+          'which staged files a job holds.')
+    retained = set(retained_tokens)
+    recovery = Recovery()
+    for manifest in self._manifests.load_all():
+      token = manifest.staging_token
+      if token not in retained:
+        self._manifests.remove(token)
+        recovery.forgotten_jobs.append(token)
+        continue
+      holder = f'{token}#recovered'
+      missing = []
+      for name in manifest.files:
+        try:
+          self._store.adopt(name, holder)
+        except (OSError, ValueError) as exn:
+          missing.append(f'{name} ({type(exn).__name__}: {exn})')
+      job = _Job({}, holder=holder, resolved=manifest.resolved)
+      if missing:
+        job.state = StagingState.FAILED
+        job.failure = (
+            f'Staged files of {token!r} were missing at start-up: '
+            + ', '.join(missing))
+        _LOGGER.warning('%s', job.failure)
+      else:
+        job.state = StagingState.STAGED
+      with self._lock:
+        if token in self._jobs:
+          raise ArtifactStagingError(
+              f'recover() after {token!r} was registered: call it before '
+              'serving.')
+        self._jobs[token] = job
+      recovery.kept_jobs.append(token)
+    recovery.deleted_files, recovery.foreign_files = self._store.sweep()
+    _LOGGER.info(
+        'Recovered staged artifacts: kept %d jobs, forgot %d, deleted %d '
+        'unreferenced files', len(recovery.kept_jobs),
+        len(recovery.forgotten_jobs), len(recovery.deleted_files))
+    if recovery.foreign_files:
+      _LOGGER.warning(
+          'Left alone in %s, not named by this service: %s', self.root,
+          ', '.join(recovery.foreign_files))
+    return recovery
 
   def close(self) -> None:
     """Stops the writer threads; streams still staging fail."""
@@ -761,6 +858,16 @@ class ArtifactStagingService(
       job.resolved = resolved
       self._changed.notify_all()
       return True
+
+  def _record(
+      self, staging_token: str, files: Sequence[str],
+      resolved: DependencySets) -> None:
+    if self._manifests is not None:
+      self._manifests.write(staging_token, files, resolved)
+
+  def _unrecord(self, staging_token: str) -> None:
+    if self._manifests is not None:
+      self._manifests.remove(staging_token)
 
   def _staging_failed(
       self, stream: _StagingStream, failure: Optional[_Failure]) -> None:

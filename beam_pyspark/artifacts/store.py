@@ -41,6 +41,9 @@ MAX_HINT_CHARS = 100
 
 PARTIAL_PREFIX = '.partial-'
 
+# What this store names its files: committed (<sha256>-<hint>) and temporary.
+_STORED_NAME = re.compile(r'^([0-9a-f]{64})-[A-Za-z0-9._-]+$')
+
 _UNSAFE_CHARS = re.compile(r'[^A-Za-z0-9._-]+')
 _SEPARATORS = re.compile(r'[/\\]')
 
@@ -190,6 +193,53 @@ class BlobStore:
       # can act on, and the file is removed below either way.
       _LOGGER.debug('Closing %s failed', blob.path, exc_info=True)
     _remove_quietly(blob.path)
+
+  def adopt(self, name: str, holder: str) -> StoredBlob:
+    """Takes back a file an earlier process stored, held by holder.
+
+    Raises FileNotFoundError if it is gone and ValueError if the name is not
+    one this store gives.
+    """
+    match = _STORED_NAME.match(name)
+    if match is None:
+      raise ValueError(f'{name!r} is not a stored artifact name')
+    digest = match.group(1)
+    path = self._path_in_root(name)
+    with self._lock:
+      entry = self._entries.get(digest)
+      if entry is None:
+        size = os.stat(path).st_size
+        entry = self._entries[digest] = _Entry(path, size, set())
+      elif entry.path != path:
+        raise ValueError(
+            f'{name!r} duplicates the content of {entry.path!r}')
+      entry.holders.add(holder)
+      self._held.setdefault(holder, set()).add(digest)
+      return StoredBlob(entry.path, digest, entry.size)
+
+  def sweep(self) -> tuple[list[str], list[str]]:
+    """Deletes this store's files that nobody holds, partial ones included.
+
+    Meant for start-up, before anything is staged: a partial file then can
+    only be an earlier process's. Entries this store did not name are left
+    alone. Returns (deleted, left alone) names.
+    """
+    deleted, foreign = [], []
+    with self._lock:
+      held = {os.path.basename(e.path) for e in self._entries.values()}
+      for name in sorted(os.listdir(self.root)):
+        if name in held:
+          continue
+        path = os.path.join(self.root, name)
+        ours = (
+            _STORED_NAME.match(name) or name.startswith(PARTIAL_PREFIX)
+        ) and os.path.isfile(path) and not os.path.islink(path)
+        if ours:
+          _remove_quietly(path)
+          deleted.append(name)
+        else:
+          foreign.append(name)
+    return deleted, foreign
 
   def release(self, holder: str) -> int:
     """Forgets holder; deletes files nobody holds any more. Returns count."""

@@ -81,11 +81,18 @@ class JobServer:
     # staging 200 MB left the server up to 100 MB bigger for good.
     pin_mmap_threshold()
     from beam_pyspark.artifacts.retrieval import ArtifactRetrievalService
+    from beam_pyspark.artifacts.retrieval import open_url
     from beam_pyspark.artifacts.staging import ArtifactStagingService
     self.staging = ArtifactStagingService(
         os.path.join(root, 'staged'),
-        max_buffered_bytes=config.max_staging_buffer_bytes)
-    self.retrieval = ArtifactRetrievalService(os.path.join(root, 'staged'))
+        max_buffered_bytes=config.max_staging_buffer_bytes,
+        manifest_dir=os.path.join(root, 'staged-jobs'))
+    # URL artifacts are fetched when workers ask, and only the URLs staged
+    # jobs depend on.
+    self.retrieval = ArtifactRetrievalService(
+        os.path.join(root, 'staged'),
+        url_opener=open_url,
+        url_allowed=self.staging.stages_url)
     host = config.job_host
     self._artifact_server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=16))
@@ -98,6 +105,11 @@ class JobServer:
 
     self.store = JobStore(
         config.job_store or os.path.join(root, 'jobs.sqlite'))
+    # Staged files live as long as their job's history entry: keep those of
+    # the jobs the store still lists, delete everything else an earlier
+    # process left (see ArtifactStagingService.recover).
+    self.recovery = self.staging.recover(
+        r.staging_token for r in self.store.jobs() if r.staging_token)
     self.service = JobService(
         invoke or spark_invoke(config),
         staging=self.staging,
