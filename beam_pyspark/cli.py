@@ -59,25 +59,30 @@ def main(argv=None) -> int:
       level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
   logging.getLogger('py4j').setLevel(logging.WARNING)
 
+  from beam_pyspark.jobservice.server import ArtifactsDirInUseError
   from beam_pyspark.jobservice.server import JobServer
   from beam_pyspark.jobservice.server import JobServerConfig
   try:
     conf = parse_conf(args.spark_conf)
   except Exception as exn:  # pylint: disable=broad-except
     parser.error(str(exn))
-  server = JobServer(
-      JobServerConfig(
-          job_host=args.job_host,
-          job_port=args.job_port,
-          artifact_port=args.artifact_port,
-          expansion_port=args.expansion_port,
-          artifacts_dir=args.artifacts_dir,
-          spark_master_url=args.spark_master_url,
-          spark_conf=conf,
-          max_invocation_history=args.max_invocation_history,
-          job_store=args.job_store,
-          max_staging_buffer_bytes=args.max_staging_buffer_bytes,
-          fully_qualified_name_glob=args.fully_qualified_name_glob))
+  try:
+    server = JobServer(
+        JobServerConfig(
+            job_host=args.job_host,
+            job_port=args.job_port,
+            artifact_port=args.artifact_port,
+            expansion_port=args.expansion_port,
+            artifacts_dir=args.artifacts_dir,
+            spark_master_url=args.spark_master_url,
+            spark_conf=conf,
+            max_invocation_history=args.max_invocation_history,
+            job_store=args.job_store,
+            max_staging_buffer_bytes=args.max_staging_buffer_bytes,
+            fully_qualified_name_glob=args.fully_qualified_name_glob))
+  except ArtifactsDirInUseError as exn:
+    print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
+    return 1
   server.start()
   print(f'Job service listening on {args.job_host}:{server.job_port}', flush=True)
   print(f'Artifact service listening on {args.job_host}:{server.artifact_port}',

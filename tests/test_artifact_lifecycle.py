@@ -153,6 +153,12 @@ def test_restart_keeps_retained_jobs_files_and_deletes_the_rest(tmp_path):
     cancel(first, job2)
     assert listing(staged) == sorted(names.values())
     assert len(listing(manifests)) == 2
+    # A second server on the same directory would delete what the first is
+    # receiving: it refuses to start, saying why.
+    with pytest.raises(RuntimeError, match='Another job server') as info:
+      JobServerProcess(root)
+    assert f'pid {first.pid}' in str(info.value)
+    assert listing(staged) == sorted(names.values())
     # A third job's upload is cut short by the server dying (SIGKILL: no
     # clean-up runs), leaving a partial file behind.
     job3 = prepare(first, 'three', [file_dependency(paths['big'], 'big.bin')])

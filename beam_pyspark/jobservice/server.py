@@ -56,6 +56,35 @@ def expansion_options():
   ])
 
 
+class ArtifactsDirInUseError(RuntimeError):
+  """Another job server uses this artifacts directory."""
+
+
+def _lock_artifacts_dir(root: str):
+  """An exclusive lock on root for this process's lifetime (POSIX only)."""
+  try:
+    import fcntl
+  except ImportError:  # Windows: no advisory locks here; nothing enforced
+    return None
+  path = os.path.join(root, 'server.lock')
+  handle = open(path, 'a+', encoding='utf-8')
+  try:
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    handle.seek(0)
+    holder = handle.read().strip() or 'unknown'
+    handle.close()
+    raise ArtifactsDirInUseError(
+        f'Another job server (pid {holder}) is using the artifacts directory '
+        f'{root}; stop it or give this one another --artifacts-dir.'
+    ) from None
+  handle.seek(0)
+  handle.truncate()
+  handle.write(str(os.getpid()))
+  handle.flush()
+  return handle
+
+
 def spark_invoke(config: JobServerConfig):
   """The executor handed to the job service: our one engine."""
   from beam_pyspark.execution import PipelineExecution
@@ -76,6 +105,9 @@ class JobServer:
         os.path.expanduser('~'), '.beam-pyspark', 'artifacts')
     os.makedirs(root, exist_ok=True)
     self.artifacts_dir = root
+    # Start-up deletes what no retained job references: a second server on
+    # the same directory would delete the first's uploads in flight.
+    self._lock_file = _lock_artifacts_dir(root)
     from beam_pyspark.artifacts.memory import pin_mmap_threshold
     # Without it, staged chunks freed by the writers stay in malloc's arenas:
     # staging 200 MB left the server up to 100 MB bigger for good.
@@ -158,6 +190,9 @@ class JobServer:
       self._name_filter.__exit__(None, None, None)
       self._name_filter = None
     self.store.close()
+    if self._lock_file is not None:
+      self._lock_file.close()  # releases the lock
+      self._lock_file = None
 
   def wait(self) -> None:
     self._job_server.wait_for_termination()
