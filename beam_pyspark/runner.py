@@ -20,6 +20,7 @@ from beam_pyspark.execution import parse_level
 from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.metrics import PipelineMetrics
 from beam_pyspark.options import PySparkRunnerOptions
+from beam_pyspark.sdk_dependencies import StagedDependencies
 from beam_pyspark.spark.session import parse_conf
 
 _LOGGER = logging.getLogger(__name__)
@@ -69,7 +70,16 @@ class PySparkRunner(runner.PipelineRunner):
             allow_non_deterministic_key_coders))
     proto = pipeline.to_runner_api(
         default_environment=environments.EmbeddedPythonEnvironment.default())
-    return self.run_portable_pipeline(proto, options)
+    # --requirements_file, --extra_package, --setup_file, --save_main_session
+    # as Beam's PortableRunner stages them; the engine ships them.
+    staged = StagedDependencies(options)
+    try:
+      result = self.run_portable_pipeline(staged.add_to(proto), options)
+    except BaseException:
+      staged.remove()
+      raise
+    staged.remove_after(result._execution)
+    return result
 
   def run_portable_pipeline(self, pipeline, options):
     execution = PipelineExecution(

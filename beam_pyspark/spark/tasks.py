@@ -18,6 +18,7 @@ from pyspark.accumulators import AccumulatorParam
 
 from beam_pyspark.planning.plan import GroupSpec
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark.dependencies import activate as activate_dependencies
 from beam_pyspark.spark.session import driver_python_path
 from beam_pyspark.worker import elements
 from beam_pyspark.worker.bundles import StageRunner
@@ -50,6 +51,8 @@ class TaskContext:
   logs: object = None  # Accumulator[list] of (time, level, text)
   log_level: int = logging.INFO
   log_overrides: Optional[dict] = None
+  # The job's staged Python dependencies (spark.dependencies), if any.
+  dependencies: object = None
 
   def runtime(self):
     # Executors of a local master share the driver's file system: make the
@@ -57,6 +60,9 @@ class TaskContext:
     for path in self.python_path:
       if path not in sys.path:
         sys.path.append(path)
+    # Before any of the job's code is unpickled: its staged dependencies,
+    # and no other job's, are what this Python worker imports.
+    activate_dependencies(self.dependencies)
     return job_runtime(self.job_id, self.components.value)
 
 

@@ -39,6 +39,7 @@ from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark import tasks
+from beam_pyspark.spark.dependencies import ship_dependencies
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.worker.runtime import JobRuntime
@@ -104,6 +105,9 @@ class SparkPipelineJob:
         log_overrides=self.options.log_overrides)
     self._logs_forwarded = 0
     try:
+      self._ctx.dependencies = ship_dependencies(sc, self.plan, self.log)
+      if self._ctx.dependencies is not None:
+        self._broadcasts.append(self._ctx.dependencies.content)
       terminal = []
       for stage in self.plan.stages:
         self._check_cancelled()
