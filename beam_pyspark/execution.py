@@ -68,6 +68,9 @@ class SparkSettings:
   # what executors forward of the logs written while stages run.
   log_level: int = logging.INFO
   log_overrides: Optional[dict] = None
+  # The job's pipeline options as the Job API carries them, handed to SDK
+  # harnesses that run in their own processes.
+  job_options: Optional[dict] = None
 
   @classmethod
   def from_job_options(
@@ -89,7 +92,8 @@ class SparkSettings:
         drain=opt('drain') in (True, 'true', 'True'),
         log_level=parse_level(opt('default_sdk_harness_log_level')),
         log_overrides={k: parse_level(v) for k, v in (overrides or {}).items()}
-        or None)
+        or None,
+        job_options=dict(options))
 
 
 @dataclasses.dataclass
@@ -195,7 +199,8 @@ class PipelineExecution:
           SparkJobOptions(
               parallelism=self.settings.parallelism,
               log_level=self.settings.log_level,
-              log_overrides=self.settings.log_overrides),
+              log_overrides=self.settings.log_overrides,
+              pipeline_options=self.settings.job_options),
           log=self.message)
       with self._lock:
         self._spark_job = job

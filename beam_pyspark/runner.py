@@ -7,6 +7,7 @@ from typing import Optional
 
 from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
+from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.runners import runner
 from apache_beam.runners.portability.fn_api_runner.fn_runner import (
@@ -50,7 +51,11 @@ def spark_settings(options: pipeline_options.PipelineOptions) -> SparkSettings:
       log_level=parse_level(worker.default_sdk_harness_log_level),
       log_overrides={
           name: parse_level(level) for name, level in
-          (worker.sdk_harness_log_level_overrides or {}).items()} or None)
+          (worker.sdk_harness_log_level_overrides or {}).items()} or None,
+      job_options={
+          f'beam:option:{name}:v1': value
+          for name, value in options.get_all_options(
+              retain_unknown_options=True).items() if value is not None})
 
 
 class PySparkRunner(runner.PipelineRunner):
@@ -69,7 +74,7 @@ class PySparkRunner(runner.PipelineRunner):
             not options.view_as(pipeline_options.TypeOptions).
             allow_non_deterministic_key_coders))
     proto = pipeline.to_runner_api(
-        default_environment=environments.EmbeddedPythonEnvironment.default())
+        default_environment=self._environment(options))
     # --requirements_file, --extra_package, --setup_file, --save_main_session
     # as Beam's PortableRunner stages them; the engine ships them.
     staged = StagedDependencies(options)
@@ -80,6 +85,26 @@ class PySparkRunner(runner.PipelineRunner):
       raise
     staged.remove_after(result._execution)
     return result
+
+  def _environment(self, options) -> environments.Environment:
+    """The embedded harness unless --environment_type asks for another.
+
+    LOOPBACK serves a worker pool in this process, as Beam's PortableRunner
+    does: the DoFns run here, in the client, where a debugger can see them.
+    """
+    portable = options.view_as(pipeline_options.PortableOptions)
+    kind = portable.environment_type
+    if not kind or kind == python_urns.EMBEDDED_PYTHON:
+      return environments.EmbeddedPythonEnvironment.default()
+    if kind == 'LOOPBACK':
+      from apache_beam.runners.worker import worker_pool_main
+      address, server = (
+          worker_pool_main.BeamFnExternalWorkerPoolServicer.start(
+              state_cache_size=0, use_process=False))
+      self._loopback_servers = getattr(self, '_loopback_servers', [])
+      self._loopback_servers.append(server)
+      return environments.ExternalEnvironment(address)
+    return environments.Environment.from_options(portable)
 
   def run_portable_pipeline(self, pipeline, options):
     execution = PipelineExecution(

@@ -131,4 +131,15 @@ class PySparkPortableRunnerTest(beam_prt.PortableRunnerTest):
       assert_that(res, equal_to([9, 15, 21]))
 
 
+
+class PySparkPortableRunnerLoopbackTest(PySparkPortableRunnerTest):
+  """The same suite with LOOPBACK: the SDK harness is a worker pool in the
+  test (client) process, driven by the executors over the gRPC Fn API."""
+
+  def create_options(self):
+    options = super().create_options()
+    options.view_as(PortableOptions).environment_type = 'LOOPBACK'
+    return options
+
+
 del beam_prt

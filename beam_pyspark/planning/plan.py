@@ -116,6 +116,8 @@ class StagePlan:
   # For reshuffle stages fed by expand_sdf: elements are sized restrictions.
   sized: bool = False
   transform_names: list[str] = dataclasses.field(default_factory=list)
+  # The environment whose harness runs the stage ('' for none).
+  environment_id: str = ''
 
   @property
   def descriptor_id(self) -> str:
@@ -267,7 +269,8 @@ def plan_pipeline(
             side_inputs=side_inputs,
             timers=timers,
             stateful=stage.is_stateful(),
-            transform_names=[t.unique_name for t in stage.transforms]))
+            transform_names=[t.unique_name for t in stage.transforms],
+            environment_id=stage.environment or ''))
 
   return ExecutionPlan(
       components=components.SerializeToString(),

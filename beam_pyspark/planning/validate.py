@@ -26,8 +26,16 @@ SUPPORTED_REQUIREMENTS = frozenset([
     common_urns.requirements.REQUIRES_STABLE_INPUT.urn,
 ])
 
-# Environments whose harness we can run today, by URN.
-SUPPORTED_ENVIRONMENTS = frozenset([python_urns.EMBEDDED_PYTHON])
+# Environments whose harness we can run, by URN, in order of preference
+# within an AnyOf environment: in process first, then over the gRPC Fn API.
+PREFERRED_ENVIRONMENTS = (
+    python_urns.EMBEDDED_PYTHON,
+    common_urns.environments.PROCESS.urn,
+    common_urns.environments.EXTERNAL.urn,  # LOOPBACK arrives as EXTERNAL
+    python_urns.SUBPROCESS_SDK,
+    python_urns.EMBEDDED_PYTHON_GRPC,
+)
+SUPPORTED_ENVIRONMENTS = frozenset(PREFERRED_ENVIRONMENTS)
 
 # Transforms the runner itself executes (everything else runs in an SDK).
 RUNNER_PRIMITIVES = frozenset([
@@ -59,6 +67,21 @@ def unsupported_reasons(
       reasons.append(
           f'environment {env_id!r} ({env.urn}) is not supported; '
           f'supported: {", ".join(sorted(supported_environments))}')
+      continue
+    chosen = concrete_environment(env, supported_environments)
+    if chosen.urn == common_urns.environments.PROCESS.urn:
+      payload = beam_runner_api_pb2.ProcessPayload.FromString(chosen.payload)
+      if not payload.command.strip():
+        reasons.append(
+            f'environment {env_id!r} is PROCESS without a command: pass '
+            '--environment_config=\'{"command": "..."}\', e.g. '
+            '"python -m apache_beam.runners.worker.sdk_worker_main"')
+    elif chosen.urn == common_urns.environments.EXTERNAL.urn:
+      payload = beam_runner_api_pb2.ExternalPayload.FromString(chosen.payload)
+      if not payload.endpoint.url:
+        reasons.append(
+            f'environment {env_id!r} is EXTERNAL without a worker pool '
+            'address: pass --environment_config=HOST:PORT')
 
   known_coder_urns = set(beam_coders.Coder._known_urns) | set(
       tr.TransformContext._REQUIRED_CODER_URNS)
@@ -114,6 +137,23 @@ def check_supported(
   reasons = unsupported_reasons(pipeline, supported_environments)
   if reasons:
     raise UnsupportedPipelineError(reasons)
+
+
+def concrete_environment(
+    env: beam_runner_api_pb2.Environment,
+    supported: frozenset[str] = SUPPORTED_ENVIRONMENTS,
+) -> beam_runner_api_pb2.Environment:
+  """The environment we run for ``env``: an AnyOf's most preferred member."""
+  if env.urn != common_urns.environments.ANYOF.urn:
+    return env
+  payload = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(env.payload)
+  candidates = [
+      concrete_environment(e, supported) for e in payload.environments]
+  candidates = [e for e in candidates if e.urn in supported]
+  if not candidates:
+    return env
+  rank = {urn: i for i, urn in enumerate(PREFERRED_ENVIRONMENTS)}
+  return min(candidates, key=lambda e: rank.get(e.urn, len(rank)))
 
 
 def _env_ok(env, supported) -> bool:

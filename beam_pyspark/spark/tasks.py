@@ -53,6 +53,8 @@ class TaskContext:
   log_overrides: Optional[dict] = None
   # The job's staged Python dependencies (spark.dependencies), if any.
   dependencies: object = None
+  # The job's pipeline options (Job API form), for harnesses over gRPC.
+  pipeline_options: Optional[dict] = None
 
   def runtime(self):
     # Executors of a local master share the driver's file system: make the
@@ -94,6 +96,16 @@ class HasTag:
     return record[0] == self.tag
 
 
+class ReleaseJob:
+  """foreach: stop the job's out-of-process harnesses in this Python worker."""
+  def __init__(self, job_id: str):
+    self.job_id = job_id
+
+  def __call__(self, _):
+    from beam_pyspark.worker import remote
+    remote.release_job(self.job_id)
+
+
 class RunStage:
   """mapPartitionsWithIndex: run a fused stage over one partition."""
   def __init__(self, ctx: TaskContext, stage: StagePlan, side, group_outputs):
@@ -118,7 +130,8 @@ class RunStage:
         stage,
         side_inputs=self.side.value if self.side is not None else (),
         bundle_bytes=ctx.bundle_bytes,
-        on_finish=report)
+        on_finish=report,
+        pipeline_options=ctx.pipeline_options)
     keyers = {}
     for transform_id, coder_id in self.group_outputs.items():
       coder = runtime.coder(coder_id)

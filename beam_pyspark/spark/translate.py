@@ -42,6 +42,7 @@ from beam_pyspark.spark import tasks
 from beam_pyspark.spark.dependencies import ship_dependencies
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import stable_hash
+from beam_pyspark.worker.remote import is_remote
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.state import side_input_entries
 
@@ -55,6 +56,7 @@ class SparkJobOptions:
   # What executors forward of the logs written while a stage runs.
   log_level: int = logging.INFO
   log_overrides: Optional[dict] = None
+  pipeline_options: Optional[dict] = None  # Job API form, for harnesses
 
 
 class SparkPipelineJob:
@@ -86,6 +88,9 @@ class SparkPipelineJob:
     self._side_buffer_ids = {
         si.buffer_id for s in plan.stages for si in s.side_inputs}
     self._broadcasts: list = []
+    self._remote_envs = {
+        env_id for env_id, env in self._runtime.components.environments.items()
+        if is_remote(env)}
 
   # -- public ---------------------------------------------------------------
 
@@ -102,7 +107,8 @@ class SparkPipelineJob:
         python_path=tasks.driver_paths(),
         logs=sc.accumulator([], tasks.ListAccumulator()),
         log_level=self.options.log_level,
-        log_overrides=self.options.log_overrides)
+        log_overrides=self.options.log_overrides,
+        pipeline_options=self.options.pipeline_options)
     self._logs_forwarded = 0
     try:
       self._ctx.dependencies = ship_dependencies(sc, self.plan, self.log)
@@ -121,6 +127,7 @@ class SparkPipelineJob:
       self.metrics.add(self._ctx.metrics.value)
     finally:
       self._forward_logs()
+      self._release_harnesses()
       for rdd in self._persisted:
         try:
           rdd.unpersist()
@@ -134,6 +141,25 @@ class SparkPipelineJob:
 
   def cancel(self) -> None:
     self._cancelled.set()
+
+  def _release_harnesses(self) -> None:
+    """Best effort: stop the job's harness processes when the job ends.
+
+    A task per Python worker slot asks its worker to stop them; a worker
+    that gets none stops them when idle (worker.remote.IDLE_SECS).
+    """
+    if not any(s.environment_id and s.environment_id in self._remote_envs
+               for s in self.plan.stages):
+      return
+    slots = 2 * max(1, self.sc.defaultParallelism)
+    try:
+      self.sc.setJobGroup(
+          f'{self.job_id}-release', f'Beam job {self.job_id}: release', True)
+      self.sc.parallelize(range(slots), slots).foreach(
+          tasks.ReleaseJob(self.job_id))
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.warning('Could not release the harnesses of %s', self.job_id,
+                      exc_info=True)
     self.sc.cancelJobGroup(self.job_id)
 
   # -- stages ---------------------------------------------------------------

@@ -26,6 +26,7 @@ from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.worker import harness as harness_mod
+from beam_pyspark.worker import remote
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.runtime import JobRuntime
@@ -56,13 +57,16 @@ class StageRunner:
       stage: StagePlan,
       side_inputs: Iterable[StateEntries] = (),
       bundle_bytes: int = DEFAULT_BUNDLE_BYTES,
-      on_finish: Optional[Callable[[TaskResult], None]] = None):
+      on_finish: Optional[Callable[[TaskResult], None]] = None,
+      pipeline_options: Optional[dict] = None):
     self.job_id = job_id
     self.runtime = runtime
     self.stage = stage
     self.side_inputs = side_inputs
     self.bundle_bytes = bundle_bytes
     self.on_finish = on_finish
+    self.pipeline_options = pipeline_options
+    self._harness = None
     self._metrics: list[metrics_pb2.MonitoringInfo] = []
     self._bundles = 0
     self._timers = TimerTable()
@@ -74,9 +78,11 @@ class StageRunner:
 
   def run(self, inputs: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
     """Yields (output transform id, encoded chunk) for every DATA_OUTPUT."""
-    h = harness_mod.harness_for(
-        self.job_id, self.stage.name, self.stage.descriptor)
+    h = self._acquire_harness()
     self._harness = h
+    self._descriptor = h.descriptor_for(self.stage.name, self.stage.descriptor)
+    self._expected = list(self.stage.outputs) + [
+        (t.transform_id, t.family_id) for t in self.stage.timers]
     h.state.target = task_state(self.side_inputs)
     try:
       pending: dict[str, list[bytes]] = {}
@@ -92,15 +98,16 @@ class StageRunner:
       while self._timers:
         yield from self._bundle({}, self._timers.take_round())
     except PipelineExecutionError:
-      harness_mod.discard_harness(self.job_id, self.stage.name)
+      self._discard_harness()
       raise
     except Exception as exn:  # the user's code raised inside the harness
-      harness_mod.discard_harness(self.job_id, self.stage.name)
+      self._discard_harness()
       # The fused stage's name lists every transform in it; Beam's error
       # already names the failing one ("[while running 'X']").
       raise PipelineExecutionError(
           f'{exn}\n{traceback.format_exc()}') from exn
     finally:
+      h.flush_logs()
       h.state.target = None
     if self.on_finish is not None:
       self.on_finish(
@@ -132,29 +139,22 @@ class StageRunner:
   def _process(self, data, timers):
     h = self._harness
     iid = h.next_instruction_id()
+    fired_timers = {}
     for spec in self.stage.timers:
       key = (spec.transform_id, spec.family_id)
-      out = h.runner_side.output_timer_stream(iid, *key)
       fired = timers.get(key)
-      if fired:
-        for chunk in encode_stream(self._timer_impls[key], fired):
-          out.write(chunk)
-      out.close()
-    for transform_id in self.stage.inputs:
-      out = h.runner_side.output_stream(iid, transform_id)
-      for chunk in data.get(transform_id, ()):
-        out.write(chunk)
-      out.close()
-    response = h.do(
-        beam_fn_api_pb2.InstructionRequest(
-            instruction_id=iid,
-            process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
-                process_bundle_descriptor_id=h.descriptor.id)))
+      fired_timers[key] = (
+          list(encode_stream(self._timer_impls[key], fired)) if fired else [])
+    # Every input and timer stream is sent, closed, even when empty: a
+    # harness over gRPC waits for the end of each.
+    inputs = {t: data.get(t, ()) for t in self.stage.inputs}
+    response, elements = h.process_bundle(
+        self._descriptor, iid, inputs, fired_timers, self._expected)
     if response.error:
       raise PipelineExecutionError(response.error)
     self._bundles += 1
     outputs = []
-    for element in h.runner_side.input_elements(iid, []):
+    for element in elements:
       if isinstance(element, beam_fn_api_pb2.Elements.Timers):
         key = (element.transform_id, element.timer_family_id)
         self._timers.written(
@@ -165,6 +165,27 @@ class StageRunner:
     if response.process_bundle.requires_finalization:
       self._to_finalize.append(iid)
     return response, outputs
+
+  def _acquire_harness(self):
+    env_id = self.stage.environment_id
+    components = self.runtime.components
+    if env_id and remote.is_remote(components.environments[env_id]):
+      return remote.harness_for(
+          self.job_id, env_id, components, self.pipeline_options,
+          harness_mod.DelegatingStateHandler())
+    return harness_mod.harness_for(
+        self.job_id, self.stage.name, self.stage.descriptor)
+
+  def _discard_harness(self) -> None:
+    env_id = self.stage.environment_id
+    if env_id and remote.is_remote(
+        self.runtime.components.environments[env_id]):
+      # A remote harness is shared by the job's stages; drop it only if it
+      # died (a user error leaves it usable, as Beam's harness reports it).
+      if self._harness is not None and self._harness.dead():
+        remote.discard_harness(self.job_id, env_id)
+    else:
+      harness_mod.discard_harness(self.job_id, self.stage.name)
 
   def _finalize(self) -> None:
     h = self._harness
@@ -179,7 +200,7 @@ class StageRunner:
 
   def _input_for(self, transform_id: str, input_id: str) -> str:
     """The DATA_INPUT transform whose elements feed (transform, input)."""
-    transforms = self._harness.descriptor.transforms
+    transforms = self._descriptor.transforms
     pcoll = transforms[transform_id].inputs[input_id]
     for read_id, proto in transforms.items():
       if proto.spec.urn == DATA_INPUT_URN and pcoll in proto.outputs.values():

@@ -79,8 +79,37 @@ class EmbeddedHarness:
   def next_instruction_id(self) -> str:
     return 'bundle_%d' % next(self._ids)
 
+  def descriptor_for(self, stage_name: str, descriptor: bytes):
+    return self.descriptor
+
+  def process_bundle(self, descriptor, iid: str, data: dict, timers: dict,
+                     expected: list):
+    """Runs one bundle in process; returns (response, output elements)."""
+    for (transform_id, family_id), chunks in timers.items():
+      out = self.runner_side.output_timer_stream(iid, transform_id, family_id)
+      for chunk in chunks:
+        out.write(chunk)
+      out.close()
+    for transform_id, chunks in data.items():
+      out = self.runner_side.output_stream(iid, transform_id)
+      for chunk in chunks:
+        out.write(chunk)
+      out.close()
+    response = self.do(
+        beam_fn_api_pb2.InstructionRequest(
+            instruction_id=iid,
+            process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
+                process_bundle_descriptor_id=descriptor.id)))
+    return response, list(self.runner_side.input_elements(iid, expected))
+
   def do(self, request: beam_fn_api_pb2.InstructionRequest):
     return self.worker.do_instruction(request)
+
+  def flush_logs(self) -> None:
+    pass
+
+  def dead(self):
+    return None
 
   def shutdown(self) -> None:
     self.processors.shutdown()

@@ -19,6 +19,12 @@ from typing import Optional
 # Loggers of the Spark plumbing around the task: not the job's business.
 _IGNORED_PREFIXES = ('py4j', 'pyspark')
 
+# The runner side of the Fn API, run by the task itself: its INFO lines
+# (servers started, channels opened) are not the job's news.
+_PLUMBING_PREFIXES = (
+    'apache_beam.runners.portability', 'apache_beam.runners.worker.data_plane',
+    'apache_beam.runners.worker.worker_pool_main')
+
 MAX_RECORDS_PER_TASK = 1000
 MAX_BYTES_PER_TASK = 1 << 20
 
@@ -35,6 +41,9 @@ class _Capture(logging.Handler):
 
   def emit(self, record: logging.LogRecord) -> None:
     if record.name.startswith(_IGNORED_PREFIXES):
+      return
+    if (record.levelno < logging.WARNING and
+        record.name.startswith(_PLUMBING_PREFIXES)):
       return
     try:
       text = f'{record.name}: {record.getMessage()}'

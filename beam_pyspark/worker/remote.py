@@ -1,0 +1,427 @@
+"""SDK harnesses in their own processes, driven over the gRPC Fn API.
+
+For a stage whose environment is not the embedded one (PROCESS, EXTERNAL and
+so LOOPBACK, Beam's subprocess and embedded-gRPC environments), the Spark
+Python worker running the task serves the runner side of the Fn API: control
+(bidirectional instruction stream, descriptors fetched on request), data,
+state, logging, provisioning and artifact retrieval, through Beam's own
+``GrpcServer`` and worker handlers. One harness per (job, environment) is
+started by the first task that needs it and kept for the Python worker's
+life (a PySpark worker runs one task at a time), reused by later tasks of
+the same job; it is shut down when idle for ``IDLE_SECS``, when the cache is
+full, or when the Python worker exits.
+
+A harness that dies fails the bundle it was running with a message naming
+the environment and, for processes, the exit code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from apache_beam.portability import common_urns
+from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
+from apache_beam.portability.api import beam_provision_api_pb2
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.portability.api import endpoints_pb2
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from apache_beam.runners.worker import sdk_worker
+from google.protobuf import json_format
+from google.protobuf import struct_pb2
+from google.protobuf import text_format
+
+from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.planning.plan import DATA_INPUT_URN
+from beam_pyspark.planning.plan import DATA_OUTPUT_URN
+from beam_pyspark.planning.validate import concrete_environment
+
+_LOGGER = logging.getLogger(__name__)
+
+IDLE_SECS = 120.0
+_MAX_HARNESSES = 8
+# How long a task waits, at its end, for the harness's log stream to go
+# quiet, so that what the bundle logged is attributed to it.
+LOG_QUIET_SECS = 0.1
+LOG_WAIT_MAX_SECS = 1.0
+
+_lock = threading.Lock()
+_harnesses: 'collections.OrderedDict[tuple, RemoteHarness]' = (
+    collections.OrderedDict())
+
+
+class _LogEntryService(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
+  """The harness's log entries, into this process's logging.
+
+  Each entry is logged at its severity under the harness logger's name, so
+  the task's log capture forwards it to the job like any other record.
+  """
+  def __init__(self):
+    self.last_entry = 0.0
+
+  def Logging(self, log_messages, context=None):
+    yield beam_fn_api_pb2.LogControl()
+    for batch in log_messages:
+      for entry in batch.log_entries:
+        self.last_entry = time.monotonic()
+        level = worker_handlers.LOGENTRY_TO_LOG_LEVEL_MAP.get(
+            entry.severity, logging.INFO)
+        text = entry.message
+        if entry.trace:
+          text += '\n' + entry.trace
+        logging.getLogger(entry.log_location or 'sdk_harness').log(
+            level, '%s', text)
+
+
+class _ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
+  """``beam:env:process:v1``: the configured command, started here.
+
+  The command gets both conventions: the boot flags that Beam's container
+  boot programs take (--id, --control_endpoint, ...) and the environment
+  variables that ``apache_beam.runners.worker.sdk_worker_main`` reads.
+  """
+  def __init__(self, payload, state, provision_info, grpc_server):
+    super().__init__(state, provision_info, grpc_server)
+    self._payload = payload
+    self.process: Optional[subprocess.Popen] = None
+
+  def start_worker(self):
+    control = self.control_api_service_descriptor()
+    logging_ep = self.logging_api_service_descriptor()
+    options = json_format.MessageToJson(
+        self.provision_info.provision_info.pipeline_options)
+    env = dict(os.environ)
+    env.update(self._payload.env)
+    env.update(
+        CONTROL_API_SERVICE_DESCRIPTOR=text_format.MessageToString(control),
+        LOGGING_API_SERVICE_DESCRIPTOR=text_format.MessageToString(logging_ep),
+        PIPELINE_OPTIONS=options,
+        WORKER_ID=self.worker_id,
+        RUNNER_CAPABILITIES=' '.join(worker_handlers.FNAPI_RUNNER_CAPABILITIES))
+    flags = [
+        f'--id={self.worker_id}',
+        f'--provision_endpoint={control.url}',
+        f'--control_endpoint={control.url}',
+        f'--artifact_endpoint={control.url}',
+        f'--logging_endpoint={logging_ep.url}',
+    ]
+    command = self._payload.command
+    with worker_handlers.SUBPROCESS_LOCK:
+      self.process = subprocess.Popen(
+          # exec: the harness replaces the shell, so its exit status is ours
+          'exec ' + command + ' ' + ' '.join(shlex.quote(f) for f in flags),
+          shell=True, env=env, start_new_session=True)
+
+  def dead(self) -> Optional[str]:
+    if self.process is None or self.process.poll() is None:
+      return None
+    rc = self.process.returncode
+    if rc < 0:
+      try:
+        how = f'was killed by signal {-rc} ({signal.Signals(-rc).name})'
+      except ValueError:
+        how = f'was killed by signal {-rc}'
+    else:
+      how = f'exited with code {rc}'
+    return f'the SDK harness process ({self._payload.command!r}) {how}'
+
+
+  def stop_worker(self):
+    if self.process is not None and self.process.poll() is None:
+      self.process.terminate()
+      try:
+        self.process.wait(10)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+
+
+class _Manager(worker_handlers.WorkerHandlerManager):
+  """Beam's manager, with our state servicer, logging service and PROCESS."""
+  def __init__(self, environments, provision_info, state):
+    super().__init__(environments, provision_info)
+    self.state_servicer = state
+    self.logs = _LogEntryService()
+
+  def start(self, environment_id: str):
+    environment = self._environments[environment_id]
+    with _patched(worker_handlers, 'BasicLoggingService', lambda: self.logs):
+      self._grpc_server = worker_handlers.GrpcServer(
+          self.state_servicer, self._job_provision_info, self)
+    if environment.urn == common_urns.environments.PROCESS.urn:
+      handler = _ProcessWorkerHandler(
+          beam_runner_api_pb2.ProcessPayload.FromString(environment.payload),
+          self.state_servicer,
+          self._job_provision_info.for_environment(environment),
+          self._grpc_server)
+      self._cached_handlers[environment_id].append(handler)
+      self._workers_by_id[handler.worker_id] = handler
+      handler.start_worker()
+      return handler
+    return self.get_worker_handlers(environment_id, 1)[0]
+
+
+@contextlib.contextmanager
+def _patched(module, name, value):
+  with _lock_patch:
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+      yield
+    finally:
+      setattr(module, name, saved)
+
+
+_lock_patch = threading.Lock()
+
+
+class RemoteHarness:
+  """A harness of one environment of one job, over gRPC."""
+  _ids = itertools.count(1)
+
+  def __init__(
+      self, job_id: str, environment_id: str,
+      components: beam_runner_api_pb2.Components,
+      pipeline_options: Optional[dict], state):
+    self.job_id = job_id
+    self.environment_id = environment_id
+    environments = {
+        env_id: concrete_environment(env)
+        for env_id, env in components.environments.items()
+    }
+    self.environment = environments[environment_id]
+    info = beam_provision_api_pb2.ProvisionInfo(
+        pipeline_options=_options_struct(pipeline_options or {}))
+    self.state = state
+    self.manager = _Manager(
+        environments, fn_runner.ExtendedProvisionInfo(info, job_name=job_id),
+        state)
+    self.handler = self.manager.start(environment_id)
+    self.runner_side = self.handler.data_conn
+    self._descriptors: dict[str, beam_fn_api_pb2.ProcessBundleDescriptor] = {}
+    self.last_used = time.monotonic()
+
+  # -- the harness interface StageRunner uses ---------------------------------
+
+  def descriptor_for(self, stage_name: str, descriptor: bytes):
+    d = self._descriptors.get(stage_name)
+    if d is None:
+      d = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor)
+      data_url = self.handler.data_api_service_descriptor().url
+      for transform in d.transforms.values():
+        if transform.spec.urn in (DATA_INPUT_URN, DATA_OUTPUT_URN):
+          port = beam_fn_api_pb2.RemoteGrpcPort.FromString(
+              transform.spec.payload)
+          port.api_service_descriptor.url = data_url
+          transform.spec.payload = port.SerializeToString()
+      d.state_api_service_descriptor.url = (
+          self.handler.state_api_service_descriptor().url)
+      d.timer_api_service_descriptor.url = data_url
+      self.manager.register_process_bundle_descriptor(d)
+      self._descriptors[stage_name] = d
+    return d
+
+  def next_instruction_id(self) -> str:
+    return 'bundle_%d' % next(self._ids)
+
+  def process_bundle(
+      self, descriptor, iid: str, data: dict, timers: dict, expected: list):
+    """Sends a bundle's input, runs it; returns (response, output elements).
+
+    Output is read while the bundle runs (the data plane's queues are
+    bounded); a dead harness aborts the wait with a clear error.
+    """
+    conn = self.runner_side
+    for (transform_id, family_id), chunks in timers.items():
+      out = conn.output_timer_stream(iid, transform_id, family_id)
+      for chunk in chunks:
+        out.write(chunk)
+      out.close()
+    for transform_id, chunks in data.items():
+      out = conn.output_stream(iid, transform_id)
+      for chunk in chunks:
+        out.write(chunk)
+      out.close()
+    future = self.handler.control_conn.push(
+        beam_fn_api_pb2.InstructionRequest(
+            instruction_id=iid,
+            process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
+                process_bundle_descriptor_id=descriptor.id)))
+    dead = []
+
+    def abort():
+      if future.is_done() and future.get().error:
+        return True
+      reason = self.dead()
+      if reason:
+        dead.append(reason)
+        return True
+      return False
+
+    outputs = list(conn.input_elements(iid, expected, abort_callback=abort))
+    if dead:
+      raise PipelineExecutionError(
+          f'{dead[0]} while running bundle {iid} of job {self.job_id} '
+          f'(environment {self.environment_id!r}, {self.environment.urn}). '
+          'Check the harness command and its log above.')
+    response = self._wait(future, iid)
+    self.last_used = time.monotonic()
+    return response, outputs
+
+  def do(self, request: beam_fn_api_pb2.InstructionRequest):
+    if not request.instruction_id:
+      request.instruction_id = self.next_instruction_id()
+    return self._wait(self.handler.control_conn.push(request),
+                      request.instruction_id)
+
+  def flush_logs(self) -> None:
+    """Waits briefly for log entries the harness is still sending."""
+    deadline = time.monotonic() + LOG_WAIT_MAX_SECS
+    while time.monotonic() < deadline:
+      last = max(self.manager.logs.last_entry, self.last_used)
+      if time.monotonic() - last >= LOG_QUIET_SECS:
+        return
+      time.sleep(LOG_QUIET_SECS / 4)
+
+  def dead(self) -> Optional[str]:
+    handler = self.handler
+    if isinstance(handler, _ProcessWorkerHandler):
+      return handler.dead()
+    thread = getattr(handler, 'worker_thread', None)
+    if thread is not None and not thread.is_alive():
+      return 'the SDK harness stopped'
+    return None
+
+  def _wait(self, future, iid):
+    # ControlFuture.get(timeout) cannot tell a timeout apart; wait on its
+    # condition and look at the harness between waits.
+    while True:
+      with future._condition:  # pylint: disable=protected-access
+        if not future.is_done() and future._exception is None:  # pylint: disable=protected-access
+          future._condition.wait(1.0)  # pylint: disable=protected-access
+      if future.is_done() or future._exception is not None:  # pylint: disable=protected-access
+        return future.get()
+      reason = self.dead()
+      if reason:
+        raise PipelineExecutionError(
+            f'{reason} while running instruction {iid} of job {self.job_id} '
+            f'(environment {self.environment_id!r}).')
+
+  def shutdown(self) -> None:
+    try:
+      self.manager.close_all()
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.warning('Error stopping the SDK harness of %s', self.job_id,
+                      exc_info=True)
+
+
+def _options_struct(options: dict) -> struct_pb2.Struct:
+  struct = struct_pb2.Struct()
+  for key, value in options.items():
+    if isinstance(value, int) and not isinstance(value, bool):
+      value = str(value)  # a Struct holds doubles; the harness wants ints
+
+    try:
+      struct.update({key: value})
+    except (ValueError, TypeError):
+      struct.update({key: json.dumps(value, default=str)})
+  return struct
+
+
+def is_remote(environment: beam_runner_api_pb2.Environment) -> bool:
+  return concrete_environment(environment).urn != python_urns.EMBEDDED_PYTHON
+
+
+def harness_for(
+    job_id: str, environment_id: str,
+    components: beam_runner_api_pb2.Components,
+    pipeline_options: Optional[dict], state) -> RemoteHarness:
+  key = (job_id, environment_id)
+  stale = []
+  with _lock:
+    harness = _harnesses.get(key)
+    if harness is not None and harness.dead():
+      stale.append(_harnesses.pop(key))
+      harness = None
+    now = time.monotonic()
+    for other_key, other in list(_harnesses.items()):
+      if other_key != key and now - other.last_used > IDLE_SECS:
+        stale.append(_harnesses.pop(other_key))
+  for old in stale:
+    old.shutdown()
+  _ensure_reaper()
+  if harness is None:
+    harness = RemoteHarness(
+        job_id, environment_id, components, pipeline_options, state)
+    with _lock:
+      _harnesses[key] = harness
+      evicted = []
+      while len(_harnesses) > _MAX_HARNESSES:
+        evicted.append(_harnesses.popitem(last=False)[1])
+    for old in evicted:
+      old.shutdown()
+  with _lock:
+    _harnesses.move_to_end(key)
+  return harness
+
+
+def discard_harness(job_id: str, environment_id: str) -> None:
+  with _lock:
+    harness = _harnesses.pop((job_id, environment_id), None)
+  if harness is not None:
+    harness.shutdown()
+
+
+def release_job(job_id: str) -> None:
+  with _lock:
+    keys = [k for k in _harnesses if k[0] == job_id]
+    harnesses = [_harnesses.pop(k) for k in keys]
+  for h in harnesses:
+    h.shutdown()
+
+
+def _reap_idle() -> None:
+  """Stops harnesses idle for IDLE_SECS (their job has likely ended)."""
+  while True:
+    time.sleep(max(1.0, IDLE_SECS / 4))
+    now = time.monotonic()
+    with _lock:
+      idle = [k for k, h in _harnesses.items() if now - h.last_used > IDLE_SECS]
+      stale = [_harnesses.pop(k) for k in idle]
+    for h in stale:
+      h.shutdown()
+
+
+_reaper: Optional[threading.Thread] = None
+
+
+def _ensure_reaper() -> None:
+  global _reaper
+  with _lock:
+    if _reaper is None:
+      _reaper = threading.Thread(
+          target=_reap_idle, name='beam-pyspark-harness-reaper', daemon=True)
+      _reaper.start()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+  with _lock:
+    harnesses = list(_harnesses.values())
+    _harnesses.clear()
+  for h in harnesses:
+    h.shutdown()

@@ -1,0 +1,132 @@
+"""SDK harnesses in their own processes, over the gRPC Fn API.
+
+PROCESS starts Beam's own ``sdk_worker_main`` per Python worker; LOOPBACK
+runs the harness in this (client) process. Both go through the same runner
+side: control, data, state, logging and provisioning served by the executor.
+"""
+
+import logging
+import sys
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that
+from apache_beam.testing.util import equal_to
+from apache_beam.transforms import userstate
+
+from beam_pyspark.errors import PipelineExecutionError
+
+PROCESS = [
+    '--runner=beam_pyspark.PySparkRunner', '--spark_master_url=local[2]',
+    '--environment_type=PROCESS',
+    '--environment_config={"command": "%s -m '
+    'apache_beam.runners.worker.sdk_worker_main"}' % sys.executable,
+]
+
+
+class _Keep(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.seen = []
+
+  def emit(self, record):
+    self.seen.append((record.levelno, record.getMessage()))
+
+
+class BufferUntilTimer(beam.DoFn):
+  """Per key: sums values in state, emits (key, sum) on the timer."""
+  SUM = userstate.CombiningValueStateSpec('sum', sum)
+  FLUSH = userstate.TimerSpec('flush', userstate.TimeDomain.WATERMARK)
+
+  def process(
+      self, kv, total=beam.DoFn.StateParam(SUM),
+      flush=beam.DoFn.TimerParam(FLUSH)):
+    total.add(kv[1])
+    flush.set(100)
+
+  @userstate.on_timer(FLUSH)
+  def on_flush(
+      self, key=beam.DoFn.KeyParam, total=beam.DoFn.StateParam(SUM)):
+    yield key, total.read()
+
+
+def _add_side(kv, offset):
+  return kv[0], kv[1] + offset
+
+
+def test_process_environment_with_state_timers_and_side_inputs():
+  data = [('a', 1), ('b', 2), ('a', 3), ('c', 4), ('b', 5), ('a', 6)]
+  with beam.Pipeline(options=PipelineOptions(PROCESS)) as p:
+    side = p | 'side' >> beam.Create([10])
+    keyed = (
+        p | beam.Create(data)
+        | beam.Map(lambda kv: beam.window.TimestampedValue(kv, 1)))
+    summed = keyed | beam.ParDo(BufferUntilTimer())
+    result = summed | beam.Map(_add_side, offset=beam.pvalue.AsSingleton(side))
+    assert_that(result, equal_to([('a', 20), ('b', 17), ('c', 14)]))
+
+
+def test_killed_harness_fails_the_job_clearly():
+  def die_on_two(x):
+    if x == 2:
+      import os
+      import signal
+      os.kill(os.getpid(), signal.SIGKILL)  # the harness process itself
+    return x
+
+  p = beam.Pipeline(options=PipelineOptions(PROCESS))
+  _ = p | beam.Create([1, 2, 3]) | beam.Map(die_on_two)
+  with pytest.raises(PipelineExecutionError) as info:
+    p.run().wait_until_finish()
+  message = str(info.value)
+  assert 'SDK harness process' in message, message
+  assert 'killed by signal 9 (SIGKILL)' in message, message
+  assert 'sdk_worker_main' in message, message
+
+
+def test_harness_logs_reach_the_job_with_severity():
+  def chatty(x):
+    logging.getLogger('my.harness.dofn').warning('from the harness: %s', x)
+    return x
+
+  keep = _Keep()
+  client_log = logging.getLogger('beam_pyspark.runner')
+  client_log.addHandler(keep)
+  saved = client_log.level
+  client_log.setLevel(logging.INFO)
+  try:
+    with beam.Pipeline(options=PipelineOptions(PROCESS)) as p:
+      _ = p | beam.Create(['h1', 'h2']) | beam.Map(chatty)
+  finally:
+    client_log.removeHandler(keep)
+    client_log.setLevel(saved)
+  warnings = [text for level, text in keep.seen if level == logging.WARNING]
+  for x in ('h1', 'h2'):
+    assert any(f'from the harness: {x}' in t for t in warnings), keep.seen
+
+
+def test_loopback_runs_the_dofns_in_the_client_process():
+  import os
+  client_pid = os.getpid()
+  options = PipelineOptions([
+      '--runner=beam_pyspark.PySparkRunner', '--spark_master_url=local[2]',
+      '--environment_type=LOOPBACK'])
+  with beam.Pipeline(options=options) as p:
+    pids = (
+        p | beam.Create([1, 2, 3])
+        | beam.Map(lambda _: __import__('os').getpid())
+        | beam.Distinct())
+    assert_that(pids, equal_to([client_pid]))
+
+
+def test_process_environment_without_command_is_refused():
+  from beam_pyspark.errors import UnsupportedPipelineError
+  options = PipelineOptions([
+      '--runner=beam_pyspark.PySparkRunner', '--spark_master_url=local[2]',
+      '--environment_type=PROCESS', '--environment_config={"command": " "}'])
+  p = beam.Pipeline(options=options)
+  _ = p | beam.Create([1]) | beam.Map(lambda x: x)
+  with pytest.raises(UnsupportedPipelineError) as info:
+    p.run()
+  assert 'PROCESS without a command' in str(info.value)
