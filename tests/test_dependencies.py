@@ -250,3 +250,15 @@ def test_runner_with_nothing_to_stage_leaves_nothing(tmp_path):
   staged = StagedDependencies(PipelineOptions([]))
   assert staged.artifacts == []
   assert not os.path.exists(staged.directory)
+
+
+def test_files_to_stage_are_importable_as_beam_workers_make_them(tmp_path):
+  """Beam's sdk_worker_main puts the staged directory on sys.path."""
+  staged = deps.dependency_set({'stagedhelper.py': b'ANSWER = 42\n'})
+  deps.activate(
+      staged, lambda: {'stagedhelper.py': b'ANSWER = 42\n'},
+      str(tmp_path / 'root'))
+  import stagedhelper
+  assert stagedhelper.ANSWER == 42
+  deps.activate(None)
+  assert 'stagedhelper' not in sys.modules
