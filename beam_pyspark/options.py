@@ -31,3 +31,11 @@ class PySparkRunnerOptions(PipelineOptions):
         'DoFns truncate their restrictions (their truncate_restriction, by '
         'default nothing left for unbounded ones), so reads that would never '
         'end stop after what they have claimed.')
+    parser.add_argument(
+        '--split_stragglers_after_secs',
+        type=float,
+        default=None,
+        help='A bundle of a splittable DoFn that runs in its own harness '
+        '(PROCESS, EXTERNAL, LOOPBACK) and is still running after this many '
+        'seconds is asked for progress and split; the residual runs in '
+        'another Spark task. 0 disables it (default: 10).')

@@ -130,3 +130,53 @@ def test_process_environment_without_command_is_refused():
   with pytest.raises(UnsupportedPipelineError) as info:
     p.run()
   assert 'PROCESS without a command' in str(info.value)
+
+
+class _SlowRange(beam.DoFn):
+  """Emits 0..n-1 from one element, slowly: a straggling splittable bundle."""
+
+  class Provider(beam.transforms.core.RestrictionProvider):
+    def initial_restriction(self, n):
+      from apache_beam.io.restriction_trackers import OffsetRange
+      return OffsetRange(0, n)
+
+    def create_tracker(self, restriction):
+      from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
+      return OffsetRestrictionTracker(restriction)
+
+    def restriction_size(self, element, restriction):
+      return restriction.size()
+
+    def split(self, element, restriction):
+      yield restriction  # no initial splitting: only the runner splits it
+
+  def process(
+      self, n, tracker=beam.DoFn.RestrictionParam(Provider())):
+    import time as t
+    position = tracker.current_restriction().start
+    while tracker.try_claim(position):
+      t.sleep(0.02)
+      yield position
+      position += 1
+
+
+def test_straggling_sdf_bundle_is_split_by_the_runner():
+  keep = _Keep()
+  client_log = logging.getLogger('beam_pyspark.runner')
+  client_log.addHandler(keep)
+  saved = client_log.level
+  client_log.setLevel(logging.INFO)
+  n = 300  # about 6 s of work in one bundle
+  try:
+    with beam.Pipeline(options=PipelineOptions(
+        PROCESS + ['--split_stragglers_after_secs=1'])) as p:
+      out = p | beam.Create([n]) | beam.ParDo(_SlowRange())
+      # Exactly once: nothing lost, nothing emitted twice.
+      assert_that(out, equal_to(list(range(n))))
+  finally:
+    client_log.removeHandler(keep)
+    client_log.setLevel(saved)
+  texts = [t for _, t in keep.seen]
+  assert any('Split straggling bundle' in t for t in texts), texts
+  assert any('split off straggling bundles run in another round' in t
+             for t in texts), texts

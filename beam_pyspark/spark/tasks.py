@@ -96,6 +96,14 @@ class HasTag:
     return record[0] == self.tag
 
 
+class NotTag:
+  def __init__(self, tag):
+    self.tag = tag
+
+  def __call__(self, record):
+    return record[0] != self.tag
+
+
 class ReleaseJob:
   """foreach: stop the job's out-of-process harnesses in this Python worker."""
   def __init__(self, job_id: str):

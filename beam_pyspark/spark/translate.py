@@ -26,6 +26,7 @@ import threading
 from typing import Callable
 from typing import Optional
 
+from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 from apache_beam.runners.portability.fn_api_runner import translations as tr
@@ -42,6 +43,9 @@ from beam_pyspark.spark import tasks
 from beam_pyspark.spark.dependencies import ship_dependencies
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import stable_hash
+from beam_pyspark.worker.bundles import RESIDUAL_TAG
+from beam_pyspark.worker.bundles import split_after_secs
+from beam_pyspark.worker.bundles import splittable_input
 from beam_pyspark.worker.remote import is_remote
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.state import side_input_entries
@@ -210,10 +214,45 @@ class SparkPipelineJob:
         for transform_id, buffer_id in stage.outputs.items()
         if tr.split_buffer_id(buffer_id)[0] == 'group'
     }
-    out = input_rdd.mapPartitionsWithIndex(
-        tasks.RunStage(self._ctx, stage, side, group_outputs))
+    run = tasks.RunStage(self._ctx, stage, side, group_outputs)
+    out = input_rdd.mapPartitionsWithIndex(run)
+    if self._may_split(stage):
+      out = self._split_rounds(stage, out, run)
     self._register_outputs(stage, out)
     return out
+
+  def _may_split(self, stage: StagePlan) -> bool:
+    """A splittable stage in its own harness: the runner may split it."""
+    if stage.stateful or stage.environment_id not in self._remote_envs:
+      return False
+    if split_after_secs(self.options.pipeline_options) <= 0:
+      return False
+    return splittable_input(
+        beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+            stage.descriptor)) is not None
+
+  def _split_rounds(self, stage: StagePlan, out, run):
+    """Runs what straggling bundles split off in further rounds of tasks.
+
+    Each round's output is kept (persisted); its split residuals are spread
+    over the cluster and run by the same stage until no bundle splits.
+    """
+    rounds = []
+    while True:
+      out = out.persist()
+      self._persisted.append(out)
+      rounds.append(out.filter(tasks.NotTag(RESIDUAL_TAG)))
+      residual = out.filter(tasks.HasTag(RESIDUAL_TAG)).map(tasks.untag)
+      count = self._action(residual.count)
+      if not count:
+        break
+      self.log(
+          f'{stage.name}: {count} residual(s) split off straggling bundles '
+          'run in another round of tasks')
+      out = (
+          residual.repartition(min(count, self._parallelism))
+          .mapPartitionsWithIndex(run))
+    return rounds[0] if len(rounds) == 1 else self.sc.union(rounds)
 
   def _reshuffle(self, stage: StagePlan):
     (in_id, buffer_id), = stage.inputs.items()

@@ -29,6 +29,7 @@ from beam_pyspark.worker import harness as harness_mod
 from beam_pyspark.worker import remote
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
+from beam_pyspark.worker.elements import split_elements
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.state import StateEntries
 from beam_pyspark.worker.state import task_state
@@ -40,6 +41,47 @@ DEFAULT_BUNDLE_BYTES = 32 << 20
 # A residual asking to be resumed later is retried after at most this long:
 # in batch nothing else can make progress for it meanwhile.
 MAX_RESUME_DELAY_SECS = 0.5
+
+
+# Output records of a stage that carry work split off a straggling bundle,
+# to be run again in another task: (RESIDUAL_TAG, (input id, element)).
+RESIDUAL_TAG = '\x00residual'
+SPLIT_OPTION = 'beam:option:split_stragglers_after_secs:v1'
+DEFAULT_SPLIT_AFTER_SECS = 10.0
+
+
+def split_after_secs(pipeline_options) -> float:
+  """How long a splittable bundle runs before the runner splits it (0: never)."""
+  value = (pipeline_options or {}).get(SPLIT_OPTION)
+  if value is None or value == '':
+    return DEFAULT_SPLIT_AFTER_SECS
+  return float(value)
+
+
+def splittable_input(descriptor) -> Optional[str]:
+  """The DATA_INPUT feeding a splittable DoFn's process step, if any."""
+  sdf_urn = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+  truncate_urn = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
+  transforms = descriptor.transforms
+  consumers: dict[str, list] = {}
+  for proto in transforms.values():
+    for pcoll in proto.inputs.values():
+      consumers.setdefault(pcoll, []).append(proto)
+
+  def feeds_sdf(pcoll, depth=0):
+    for c in consumers.get(pcoll, ()):
+      if c.spec.urn == sdf_urn:
+        return True
+      if c.spec.urn == truncate_urn and depth < 2:
+        if any(feeds_sdf(p, depth + 1) for p in c.outputs.values()):
+          return True
+    return False
+
+  for read_id, proto in transforms.items():
+    if proto.spec.urn == DATA_INPUT_URN and any(
+        feeds_sdf(p) for p in proto.outputs.values()):
+      return read_id
+  return None
 
 
 @dataclasses.dataclass
@@ -83,6 +125,12 @@ class StageRunner:
     self._descriptor = h.descriptor_for(self.stage.name, self.stage.descriptor)
     self._expected = list(self.stage.outputs) + [
         (t.transform_id, t.family_id) for t in self.stage.timers]
+    self._split = None
+    after = split_after_secs(self.pipeline_options)
+    if after > 0 and isinstance(h, remote.RemoteHarness):
+      split_input = splittable_input(self._descriptor)
+      if split_input is not None:
+        self._split = (split_input, after)
     h.state.target = task_state(self.side_inputs)
     try:
       pending: dict[str, list[bytes]] = {}
@@ -119,6 +167,7 @@ class StageRunner:
     while True:
       response, outputs = self._process(data, timers)
       yield from outputs
+      yield from self._split_residuals(data)
       # The bundle's output is handed downstream by now: finalize it before
       # its residuals run, as they may wait for the finalization.
       self._finalize()
@@ -149,7 +198,8 @@ class StageRunner:
     # harness over gRPC waits for the end of each.
     inputs = {t: data.get(t, ()) for t in self.stage.inputs}
     response, elements = h.process_bundle(
-        self._descriptor, iid, inputs, fired_timers, self._expected)
+        self._descriptor, iid, inputs, fired_timers, self._expected,
+        split=self._split)
     if response.error:
       raise PipelineExecutionError(response.error)
     self._bundles += 1
@@ -165,6 +215,27 @@ class StageRunner:
     if response.process_bundle.requires_finalization:
       self._to_finalize.append(iid)
     return response, outputs
+
+  def _split_residuals(self, data) -> Iterator[tuple[str, tuple[str, bytes]]]:
+    """What a runner-initiated split took from the last bundle, as
+    (RESIDUAL_TAG, (input transform id, encoded element)) records for
+    another task: the residual roots, and the input elements past the
+    channel split that the bundle will not read."""
+    result = self._harness.last_split
+    if result is None:
+      return
+    self._harness.last_split = None
+    for residual in result.residual_roots:
+      app = residual.application
+      yield RESIDUAL_TAG, (
+          self._input_for(app.transform_id, app.input_id), app.element)
+    for channel in result.channel_splits:
+      transform_id = channel.transform_id
+      impl = self.runtime.coder_impl(self.stage.input_coders[transform_id])
+      for index, element in enumerate(
+          split_elements(impl, data.get(transform_id, ()))):
+        if index >= channel.first_residual_element:
+          yield RESIDUAL_TAG, (transform_id, element)
 
   def _acquire_harness(self):
     env_id = self.stage.environment_id

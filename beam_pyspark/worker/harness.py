@@ -82,8 +82,11 @@ class EmbeddedHarness:
   def descriptor_for(self, stage_name: str, descriptor: bytes):
     return self.descriptor
 
+  # Bundles run synchronously in this thread: none is split while running.
+  last_split = None
+
   def process_bundle(self, descriptor, iid: str, data: dict, timers: dict,
-                     expected: list):
+                     expected: list, split=None):
     """Runs one bundle in process; returns (response, output elements)."""
     for (transform_id, family_id), chunks in timers.items():
       out = self.runner_side.output_timer_stream(iid, transform_id, family_id)

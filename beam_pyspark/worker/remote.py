@@ -213,6 +213,7 @@ class RemoteHarness:
     self.handler = self.manager.start(environment_id)
     self.runner_side = self.handler.data_conn
     self._descriptors: dict[str, beam_fn_api_pb2.ProcessBundleDescriptor] = {}
+    self.last_split = None
     self.last_used = time.monotonic()
 
   # -- the harness interface StageRunner uses ---------------------------------
@@ -239,12 +240,23 @@ class RemoteHarness:
     return 'bundle_%d' % next(self._ids)
 
   def process_bundle(
-      self, descriptor, iid: str, data: dict, timers: dict, expected: list):
+      self, descriptor, iid: str, data: dict, timers: dict, expected: list,
+      split: Optional[tuple] = None):
     """Sends a bundle's input, runs it; returns (response, output elements).
 
     Output is read while the bundle runs (the data plane's queues are
-    bounded); a dead harness aborts the wait with a clear error.
+    bounded); a dead harness aborts the wait with a clear error. With
+    ``split`` = (input transform id, seconds), a bundle still running after
+    that long is asked for its progress and split at half its remainder;
+    the split's response is then in ``self.last_split``.
     """
+    self.last_split = None
+    monitor = None
+    finished = threading.Event()
+    if split is not None:
+      monitor = threading.Thread(
+          target=self._split_straggler, args=(iid, split, finished),
+          name=f'split-{iid}', daemon=True)
     conn = self.runner_side
     for (transform_id, family_id), chunks in timers.items():
       out = conn.output_timer_stream(iid, transform_id, family_id)
@@ -261,6 +273,8 @@ class RemoteHarness:
             instruction_id=iid,
             process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
                 process_bundle_descriptor_id=descriptor.id)))
+    if monitor is not None:
+      monitor.start()
     dead = []
 
     def abort():
@@ -272,7 +286,12 @@ class RemoteHarness:
         return True
       return False
 
-    outputs = list(conn.input_elements(iid, expected, abort_callback=abort))
+    try:
+      outputs = list(conn.input_elements(iid, expected, abort_callback=abort))
+    finally:
+      finished.set()
+      if monitor is not None:
+        monitor.join()
     if dead:
       raise PipelineExecutionError(
           f'{dead[0]} while running bundle {iid} of job {self.job_id} '
@@ -281,6 +300,42 @@ class RemoteHarness:
     response = self._wait(future, iid)
     self.last_used = time.monotonic()
     return response, outputs
+
+  def _split_straggler(self, iid: str, split: tuple, finished) -> None:
+    input_id, after_secs = split
+    started = time.monotonic()
+    if finished.wait(after_secs):
+      return
+    try:
+      progress = self.do(
+          beam_fn_api_pb2.InstructionRequest(
+              process_bundle_progress=beam_fn_api_pb2.
+              ProcessBundleProgressRequest(instruction_id=iid)))
+      if finished.is_set() or progress.error:
+        return
+      index = _read_index(progress.process_bundle_progress.monitoring_infos,
+                          input_id)
+      response = self.do(
+          beam_fn_api_pb2.InstructionRequest(
+              process_bundle_split=beam_fn_api_pb2.ProcessBundleSplitRequest(
+                  instruction_id=iid,
+                  desired_splits={
+                      input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.
+                      DesiredSplit(fraction_of_remainder=0.5)
+                  })))
+      if response.error:
+        return
+      result = response.process_bundle_split
+      if result.residual_roots or result.channel_splits:
+        self.last_split = result
+        _LOGGER.info(
+            'Split straggling bundle %s after %.1fs at input element %s: %d '
+            'residual root(s) and %d channel split(s) go to another task',
+            iid, time.monotonic() - started,
+            'unknown' if index is None else index,
+            len(result.residual_roots), len(result.channel_splits))
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.debug('Could not split bundle %s', iid, exc_info=True)
 
   def do(self, request: beam_fn_api_pb2.InstructionRequest):
     if not request.instruction_id:
@@ -327,6 +382,17 @@ class RemoteHarness:
     except Exception:  # pylint: disable=broad-except
       _LOGGER.warning('Error stopping the SDK harness of %s', self.job_id,
                       exc_info=True)
+
+
+def _read_index(infos, input_id: str) -> Optional[int]:
+  """The element index the harness has reached on ``input_id``."""
+  from apache_beam.metrics import monitoring_infos as mi
+  urn = common_urns.monitoring_info_specs.DATA_CHANNEL_READ_INDEX.spec.urn
+  for info in infos:
+    if (info.urn == urn and
+        info.labels.get(mi.PTRANSFORM_LABEL) == input_id):
+      return mi.extract_counter_value(info)
+  return None
 
 
 def _options_struct(options: dict) -> struct_pb2.Struct:
