@@ -67,6 +67,24 @@ class Run:
   repeat: int  # -1: warm-up
   seconds: float
   digest: str
+  # CPU seconds of this process and all its descendants (the JVM, Python
+  # workers, DirectRunner workers) during the run: less disturbed than wall
+  # time by other load on a shared machine.
+  cpu_seconds: float = 0.0
+  load_avg: float = 0.0  # the machine's 1-minute load average at the end
+
+
+def tree_cpu_seconds() -> float:
+  """User+system CPU of this process and its descendants, live or reaped."""
+  import psutil
+  me = psutil.Process()
+  total = sum(me.cpu_times()[:4])  # user, system, reaped children's
+  for p in me.children(recursive=True):
+    try:
+      total += sum(p.cpu_times()[:4])
+    except psutil.Error:
+      pass  # exited meanwhile: counted by whoever reaps it
+  return total
 
 
 def direct_flags(mode: str, workers: int) -> list[str]:
@@ -142,7 +160,19 @@ def machine_facts(sc) -> dict:
       'beam': apache_beam.__version__,
       'master': sc.master,
       'load_avg_at_start': os.getloadavg(),
+      'commit': git_commit(),
   }
+
+
+def git_commit() -> str:
+  try:
+    out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO_ROOT,
+                         capture_output=True, text=True)
+    dirty = subprocess.run(['git', 'status', '--porcelain', 'beam_pyspark'],
+                           cwd=REPO_ROOT, capture_output=True, text=True)
+    return out.stdout.strip() + ('+uncommitted engine changes' if dirty.stdout.strip() else '')
+  except OSError:
+    return 'unknown'
 
 
 class Bench:
@@ -171,15 +201,17 @@ class Bench:
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     output = os.path.join(out_dir, 'out')
+    cpu = tree_cpu_seconds()
     start = time.perf_counter()
     if variant == 'pyspark':
       wl.run_pyspark(workload, self.sc, paths, output)
     else:
       wl.run_beam(workload, self.flags[variant], paths, output)
     seconds = time.perf_counter() - start
+    cpu = tree_cpu_seconds() - cpu
     run = Run(
         workload.name, variant, size_mb, repeat, seconds,
-        str(wl.digest(output)))
+        str(wl.digest(output)), cpu, os.getloadavg()[0])
     self.runs.append(run)
     return run
 
@@ -189,8 +221,9 @@ class Bench:
       paths = self.inputs(workload, WARMUP_MB)
       for variant in variants:
         run = self.run_once(workload, variant, paths, WARMUP_MB, -1)
-        print(f'  warm-up {workload.name:15s} {variant:8s} '
-              f'{run.seconds:7.2f}s  {run.digest}', flush=True)
+        print(f'  warm-up {workload.name:15s} {variant:12s} '
+              f'{run.seconds:7.2f}s {run.cpu_seconds:7.1f} CPU-s  '
+              f'load {run.load_avg:4.1f}  {run.digest}', flush=True)
       self.check(workload.name, -1)
     paths = self.inputs(workload, args.size_mb)
     for repeat in range(args.repeats):
@@ -198,7 +231,8 @@ class Bench:
       for variant in variants[k:] + variants[:k]:
         run = self.run_once(workload, variant, paths, args.size_mb, repeat)
         print(f'  run {repeat + 1}/{args.repeats} {workload.name:15s} '
-              f'{variant:8s} {run.seconds:7.2f}s  {run.digest}', flush=True)
+              f'{variant:12s} {run.seconds:7.2f}s {run.cpu_seconds:7.1f} CPU-s  '
+              f'load {run.load_avg:4.1f}  {run.digest}', flush=True)
       self.check(workload.name, repeat)
 
   def check(self, workload: str, repeat: int) -> None:
@@ -211,27 +245,25 @@ class Bench:
       raise SystemExit(
           f'{workload}: the variants disagree on the output: {digests}')
 
-  def medians(self) -> dict:
+  def medians(self, field: str = 'seconds') -> dict:
     table = {}
     for r in self.runs:
       if r.repeat >= 0:
-        table.setdefault(r.workload, {}).setdefault(r.variant, []).append(r.seconds)
+        table.setdefault(r.workload, {}).setdefault(r.variant, []).append(
+            getattr(r, field))
     return {
         w: {v: statistics.median(times) for v, times in by_variant.items()}
         for w, by_variant in table.items()
     }
 
 
-def format_table(medians: dict, size_mb: float, repeats: int) -> str:
-  """A Markdown table: median seconds per variant and the two ratios."""
+def format_table(medians: dict, unit: str = 's') -> str:
+  """A Markdown table: the median per variant and the two ratios."""
   directs = [v for v in DIRECT_MODES if any(v in m for m in medians.values())]
-  head = ['workload', 'ours (s)', 'PySpark (s)'] + [
-      f'Direct {DIRECT_MODES[v]} (s)' for v in directs
+  head = ['workload', f'ours ({unit})', f'PySpark ({unit})'] + [
+      f'Direct {DIRECT_MODES[v]} ({unit})' for v in directs
   ] + ['ours / PySpark', 'ours / Direct']
-  lines = [
-      f'Input: {size_mb:g} MiB per workload; medians of {repeats} runs.', '',
-      '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)
-  ]
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 
   def cell(x):
     return '-' if x is None else f'{x:.1f}'
@@ -246,10 +278,21 @@ def format_table(medians: dict, size_mb: float, repeats: int) -> str:
     row += [cell(m.get(v)) for v in directs]
     row += [ratio(m.get('ours'), m.get('pyspark')), ratio(m.get('ours'), best_direct)]
     lines.append('| ' + ' | '.join(row) + ' |')
-  if len(directs) > 1:
-    lines.append('')
-    lines.append('ours / Direct is against the faster DirectRunner mode.')
   return '\n'.join(lines)
+
+
+def report(bench: 'Bench') -> str:
+  args = bench.args
+  parts = [
+      f'Input: {args.size_mb:g} MiB per workload; medians of {args.repeats} '
+      'runs.', '', 'Pipeline time (wall):', '',
+      format_table(bench.medians('seconds'), 's'), '',
+      'CPU time of all processes (driver, JVM, Python workers):', '',
+      format_table(bench.medians('cpu_seconds'), 'CPU-s')
+  ]
+  if sum(v in DIRECT_MODES for v in args.variants.split(',')) > 1:
+    parts += ['', 'ours / Direct is against the faster DirectRunner mode.']
+  return '\n'.join(parts)
 
 
 def main(argv=None) -> None:
@@ -303,7 +346,7 @@ def main(argv=None) -> None:
     print(f'{name}: {workload.description}', flush=True)
     bench.workload(workload, variants)
   medians = bench.medians()
-  table = format_table(medians, args.size_mb, args.repeats)
+  table = report(bench)
   print()
   print(table)
   print(f'\nTotal {time.monotonic() - started:.0f}s; outputs of all variants agreed.')
@@ -316,6 +359,7 @@ def main(argv=None) -> None:
         'args': vars(args),
         'runs': [dataclasses.asdict(r) for r in bench.runs],
         'medians': medians,
+        'cpu_medians': bench.medians('cpu_seconds'),
         'table': table,
     }, f, indent=1)
   print(f'Raw times: {result_path}')

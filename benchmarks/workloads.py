@@ -6,93 +6,37 @@ same module-level functions, and write text files, so the only difference
 is the engine.  Outputs are compared by an order-independent digest of
 their lines (see ``digest``).
 
-Functions used inside pipelines live at module level: Beam pickles them by
-reference, so executors and DirectRunner workers import this module
-(``benchmarks`` must be importable there; ``run`` sets PYTHONPATH).
+The per-record functions live in ``benchmarks.records``, which imports no
+Beam: both versions pickle them by reference, so executors and DirectRunner
+workers import that module (``benchmarks`` must be importable there;
+``run`` sets PYTHONPATH), and the hand-written jobs' workers stay free of
+Beam.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
 import operator
 import os
-import re
 from typing import Callable
 
 import apache_beam as beam
 from apache_beam.io import ReadFromText
 from apache_beam.io import WriteToText
 
-# -- per-record functions, shared by both versions ----------------------------
-
-_WORD = re.compile(r"[\w']+", re.UNICODE)  # as Beam's examples/wordcount.py
-
-
-def split_words(line: str) -> list[str]:
-  return _WORD.findall(line)
-
-
-def pair_one(word: str):
-  return word, 1
-
-
-def format_count(kv) -> str:
-  return '%s: %d' % kv
-
-
-def parse_tab_kv(line: str):
-  key, value = line.split('\t', 1)
-  return key, int(value)
-
-
-def summarize_group(kv) -> str:
-  """A GroupByKey's values: how many, their sum, min and max."""
-  key, values = kv
-  n = total = 0
-  lo = hi = None
-  for v in values:
-    n += 1
-    total += v
-    if lo is None or v < lo:
-      lo = v
-    if hi is None or v > hi:
-      hi = v
-  return '%s\t%d\t%d\t%d\t%d' % (key, n, total, lo, hi)
-
-
-def parse_comma_kv(line: str):
-  key, value = line.split(',', 1)
-  return key, int(value)
-
-
-def format_sum(kv) -> str:
-  return '%s,%d' % kv
-
-
-def parse_dim(line: str):
-  user, country = line.split(',', 1)
-  return user, country
-
-
-def join_fact(line: str, dims) -> list[str]:
-  """order,user,amount -> order,user,country,amount; no match, no output."""
-  order, user, amount = line.split(',')
-  country = dims.get(user)
-  if country is None:
-    return []
-  return ['%s,%s,%s,%s' % (order, user, country, amount)]
-
-
-class JoinFact:
-  """``join_fact`` over a broadcast dict, for the hand-written version."""
-  def __init__(self, broadcast):
-    self.broadcast = broadcast
-
-  def __call__(self, line: str) -> list[str]:
-    return join_fact(line, self.broadcast.value)
-
+from benchmarks.records import JoinFact
+from benchmarks.records import format_count
+from benchmarks.records import format_sum
+from benchmarks.records import join_fact
+from benchmarks.records import pair_one
+from benchmarks.records import parse_comma_kv
+from benchmarks.records import parse_dim
+from benchmarks.records import parse_tab_kv
+from benchmarks.records import split_words
+from benchmarks.records import summarize_group
 
 # -- the workloads --------------------------------------------------------------
 
@@ -210,8 +154,37 @@ def run_beam(workload: Workload, flags: list[str], paths, output: str) -> None:
   result.wait_until_finish()
 
 
+# Hand-written jobs run in Python workers of their own.  Spark keeps one
+# pool of Python workers per (interpreter, environment), so an extra
+# environment variable gives them a pool whose workers never imported Beam.
+# In the runner's pool, PySpark's daemon runs gc.collect() after every task
+# over Beam's larger heap (see README, Benchmarks): a cost of running Beam,
+# which hand-written code would not pay.
+POOL_VARIABLE = 'BEAM_PYSPARK_BENCH_POOL'
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def handwritten_pool(sc):
+  """Python workers for hand-written jobs, able to import ``benchmarks``."""
+  env = sc.environment
+  saved = {k: env.get(k) for k in (POOL_VARIABLE, 'PYTHONPATH')}
+  env[POOL_VARIABLE] = 'hand-written'
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in [REPO_ROOT, saved['PYTHONPATH']] if p)
+  try:
+    yield
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        env.pop(k, None)
+      else:
+        env[k] = v
+
+
 def run_pyspark(workload: Workload, sc, paths, output: str) -> None:
-  workload.pyspark(sc, paths, output)
+  with handwritten_pool(sc):
+    workload.pyspark(sc, paths, output)
 
 
 def output_files(output: str) -> list[str]:
