@@ -277,3 +277,29 @@ def test_harness_log_level_option_filters_and_bad_level_is_refused(server):
     p.run()
   assert 'LOUDEST' in str(info.value)
   assert 'level name' in str(info.value)
+
+
+def test_process_harness_logs_reach_the_message_stream(server):
+  """PROCESS: the harness's log entries, over the Fn API logging plane."""
+  import apache_beam as beam
+  from apache_beam.options.pipeline_options import PipelineOptions
+  Importance = beam_job_api_pb2.JobMessage.MessageImportance
+
+  def chatty(x):
+    import logging
+    logging.getLogger('my.process.dofn').error('process harness says %s', x)
+    return x
+
+  options = PipelineOptions([
+      '--runner=PortableRunner', f'--job_endpoint={server.endpoint}',
+      '--environment_type=PROCESS',
+      '--environment_config={"command": "%s -m '
+      'apache_beam.runners.worker.sdk_worker_main"}' % sys.executable])
+  p = beam.Pipeline(options=options)
+  _ = p | beam.Create(['p1']) | beam.Map(chatty)
+  result = p.run()
+  result.wait_until_finish()
+  messages = _messages(server.stub, result._job_id)
+  hits = [m for m in messages if 'process harness says p1' in m.message_text]
+  assert hits, [m.message_text for m in messages]
+  assert all(m.importance == Importance.JOB_MESSAGE_ERROR for m in hits)
