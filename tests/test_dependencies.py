@@ -262,3 +262,27 @@ def test_files_to_stage_are_importable_as_beam_workers_make_them(tmp_path):
   assert stagedhelper.ANSWER == 42
   deps.activate(None)
   assert 'stagedhelper' not in sys.modules
+
+
+def test_a_package_that_does_not_build_fails_with_pips_words(tmp_path):
+  import io
+  import tarfile
+  sdist = tmp_path / 'brokendep-1.0.tar.gz'
+  files = {
+      'brokendep-1.0/setup.py': b'raise SystemExit("brokendep cannot build")\n',
+      'brokendep-1.0/PKG-INFO':
+      b'Metadata-Version: 2.1\nName: brokendep\nVersion: 1.0\n',
+  }
+  with tarfile.open(sdist, 'w:gz') as tar:
+    for name, data in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  contents = {
+      sdist.name: sdist.read_bytes(),
+      deps.EXTRA_PACKAGES_FILE: f'{sdist.name}\n'.encode()}
+  root = tmp_path / 'root'
+  with pytest.raises(PipelineExecutionError, match='brokendep cannot build'):
+    deps.install(deps.dependency_set(contents), lambda: contents, str(root))
+  # Nothing that a retry would take for a finished install.
+  assert [n for n in os.listdir(root) if not n.endswith('.lock')] == []
