@@ -145,6 +145,7 @@ class SparkPipelineJob:
 
   def cancel(self) -> None:
     self._cancelled.set()
+    self.sc.cancelJobGroup(self.job_id)
 
   def _release_harnesses(self) -> None:
     """Best effort: stop the job's harness processes when the job ends.
@@ -164,7 +165,6 @@ class SparkPipelineJob:
     except Exception:  # pylint: disable=broad-except
       _LOGGER.warning('Could not release the harnesses of %s', self.job_id,
                       exc_info=True)
-    self.sc.cancelJobGroup(self.job_id)
 
   # -- stages ---------------------------------------------------------------
 

@@ -106,6 +106,11 @@ class _ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
     options = json_format.MessageToJson(
         self.provision_info.provision_info.pipeline_options)
     env = dict(os.environ)
+    # What this Python worker imports (the job's staged dependencies among
+    # it), the harness imports too.
+    env['PYTHONPATH'] = os.pathsep.join(
+        [p for p in sys.path if p] +
+        [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
     env.update(self._payload.env)
     env.update(
         CONTROL_API_SERVICE_DESCRIPTOR=text_format.MessageToString(control),
