@@ -76,3 +76,92 @@ def test_committed_keeps_one_report_per_partition():
   m.add([('s', 0, [c]), ('s', 0, [c]), ('s', 1, [c])])
   assert mi.extract_counter_value(m.committed()[0]) == 8
   assert mi.extract_counter_value(m.attempted()[0]) == 12
+
+
+def test_settings_from_job_options():
+  import logging
+  from beam_pyspark.execution import SparkSettings
+  s = SparkSettings.from_job_options({
+      'beam:option:spark_parallelism:v1': '7',
+      'beam:option:drain:v1': True,
+      'beam:option:default_sdk_harness_log_level:v1': 'warning',
+      'beam:option:sdk_harness_log_level_overrides:v1': '{"noisy": "ERROR"}',
+  }, master='local[2]', conf={'a': 'b'})
+  assert (s.master, s.conf, s.parallelism, s.drain) == (
+      'local[2]', {'a': 'b'}, 7, True)
+  assert s.log_level == logging.WARNING
+  assert s.log_overrides == {'noisy': logging.ERROR}
+  assert s.job_options['beam:option:spark_parallelism:v1'] == '7'
+  defaults = SparkSettings.from_job_options({})
+  assert (defaults.drain, defaults.log_level, defaults.log_overrides) == (
+      False, logging.INFO, None)
+
+
+def test_parse_level_names_numbers_and_errors():
+  import logging
+  import pytest
+  from beam_pyspark.execution import parse_level
+  assert parse_level('DEBUG') == logging.DEBUG
+  assert parse_level('15') == 15
+  assert parse_level(None) == logging.INFO
+  with pytest.raises(ValueError, match='level name'):
+    parse_level('LOUDEST')
+
+
+def test_runner_options_reach_settings():
+  from apache_beam.options.pipeline_options import PipelineOptions
+  from beam_pyspark.runner import spark_settings
+  s = spark_settings(PipelineOptions([
+      '--drain', '--default_sdk_harness_log_level=ERROR',
+      '--split_stragglers_after_secs=3']))
+  assert s.drain is True
+  assert s.log_level == 40
+  assert s.job_options['beam:option:split_stragglers_after_secs:v1'] == 3.0
+
+
+def test_log_capture_bounds_and_filters():
+  import logging
+  from beam_pyspark.worker.logs import capture_logs
+  with capture_logs(logging.INFO, limit_records=3) as captured:
+    logging.getLogger('user.code').debug('dropped: below level')
+    logging.getLogger('py4j.java_gateway').warning('dropped: spark plumbing')
+    for i in range(5):
+      logging.getLogger('user.code').info('line %d', i)
+  entries = captured.entries()
+  texts = [t for _, _, t in entries]
+  assert texts[:3] == ['user.code: line 0', 'user.code: line 1',
+                       'user.code: line 2']
+  assert '2 more log records of this task were dropped' in texts[3]
+  assert logging.getLogger().handlers.count(captured) == 0
+
+
+def test_splittable_input_finds_the_sdf_read():
+  import apache_beam as beam
+  from apache_beam.portability.api import beam_fn_api_pb2
+  from beam_pyspark.planning.plan import plan_pipeline
+  from beam_pyspark.worker.bundles import splittable_input
+  from apache_beam.io.restriction_trackers import OffsetRange
+  from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
+
+  class Provider(beam.transforms.core.RestrictionProvider):
+    def initial_restriction(self, n):
+      return OffsetRange(0, n)
+
+    def create_tracker(self, r):
+      return OffsetRestrictionTracker(r)
+
+    def restriction_size(self, e, r):
+      return r.size()
+
+  class Sdf(beam.DoFn):
+    def process(self, n, tracker=beam.DoFn.RestrictionParam(Provider())):
+      yield n
+
+  p = beam.Pipeline()
+  _ = p | beam.Create([3]) | beam.ParDo(Sdf()) | beam.Map(lambda x: x)
+  plan = plan_pipeline(p.to_runner_api())
+  found = [
+      splittable_input(
+          beam_fn_api_pb2.ProcessBundleDescriptor.FromString(s.descriptor))
+      for s in plan.stages if s.kind == 'sdk']
+  assert sum(1 for f in found if f) == 1
