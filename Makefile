@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test bench clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -33,6 +33,13 @@ test: setup
 	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# The benchmarks side by side: our runner, hand-written PySpark and Beam's
+# DirectRunner, medians and ratios (README, Benchmarks).  A few minutes at
+# this size; the README's table used BENCH_ARGS='--size-mb 200'.
+BENCH_ARGS ?= --size-mb 10 --repeats 3
+bench: setup
+	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

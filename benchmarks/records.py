@@ -110,3 +110,13 @@ def summarize_bytes_group(kv) -> str:
     total += len(v)
     crc += zlib.crc32(v)
   return '%s\t%d\t%d\t%d' % (key, n, total, crc % (1 << 32))
+
+
+def summarize_sorted_groups(pairs) -> 'Iterator[str]':
+  """A partition of (key, value) pairs sorted by key -> one summary per key,
+  streaming each key's values (what a careful hand-written job does when a
+  key may not fit in memory)."""
+  import itertools
+  import operator
+  for key, group in itertools.groupby(pairs, key=operator.itemgetter(0)):
+    yield summarize_bytes_group((key, (v for _, v in group)))

@@ -1,6 +1,6 @@
 """Run the benchmark workloads side by side and print times and ratios.
 
-    python -m benchmarks.run [--size-mb 20] [--repeats 3] [--workloads ...]
+    python -m benchmarks.run [--size-mb 10] [--repeats 3] [--workloads ...]
 
 Every workload runs three ways, in one process, on one SparkContext
 (``--master``, local[2] by default):
@@ -299,8 +299,8 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
       description='Beam on beam_pyspark vs hand-written PySpark vs DirectRunner.')
   parser.add_argument(
-      '--size-mb', type=float, default=20,
-      help='MiB of main input per workload (default 20)')
+      '--size-mb', type=float, default=10,
+      help='MiB of main input per workload (default 10)')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument(
       '--workloads', default=','.join(wl.WORKLOADS),
