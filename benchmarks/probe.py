@@ -52,3 +52,25 @@ def probe_workers(sc, partitions: int = 8) -> list[dict]:
   return list(seen.values())
 
 
+
+
+def freeze_worker(_index, _records):
+  """Experiment (run --freeze-workers): import what a runner task imports,
+  collect, then gc.freeze(), so the daemon's per-task gc.collect() and the
+  automatic full collections skip those long-lived objects."""
+  import gc
+  import apache_beam  # pylint: disable=unused-import
+  from apache_beam.runners.worker import bundle_processor  # pylint: disable=unused-import
+  from apache_beam.runners.worker import sdk_worker  # pylint: disable=unused-import
+  import beam_pyspark.spark.tasks  # pylint: disable=unused-import
+  import beam_pyspark.worker.harness  # pylint: disable=unused-import
+  gc.collect()
+  gc.freeze()
+  time.sleep(0.3)  # let the other slot's task land on another worker
+  yield os.getpid(), gc.get_freeze_count()
+
+
+def freeze_workers(sc, partitions: int = 8) -> dict:
+  return dict(
+      sc.parallelize(range(partitions), partitions)
+      .mapPartitionsWithIndex(freeze_worker).collect())

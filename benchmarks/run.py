@@ -39,6 +39,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -74,17 +75,54 @@ class Run:
   load_avg: float = 0.0  # the machine's 1-minute load average at the end
 
 
-def tree_cpu_seconds() -> float:
-  """User+system CPU of this process and its descendants, live or reaped."""
-  import psutil
-  me = psutil.Process()
-  total = sum(me.cpu_times()[:4])  # user, system, reaped children's
-  for p in me.children(recursive=True):
-    try:
-      total += sum(p.cpu_times()[:4])
-    except psutil.Error:
-      pass  # exited meanwhile: counted by whoever reaps it
-  return total
+class CpuMeter:
+  """User+system CPU seconds of this process and its descendants over a run.
+
+  Descendants are sampled every ``interval`` seconds and each is counted from
+  its first to its last sample, so processes that start or exit during the
+  run (DirectRunner workers, forked Python workers) count too, give or take
+  one interval each; processes alive before the run count only their CPU
+  during it.
+  """
+  def __init__(self, interval: float = 0.2):
+    import psutil
+    self._psutil = psutil
+    self._me = psutil.Process()
+    self.interval = interval
+    self._first: dict[int, float] = {}
+    self._last: dict[int, float] = {}
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._loop, daemon=True)
+
+  def _own(self) -> float:
+    t = self._me.cpu_times()
+    return t.user + t.system
+
+  def _sample(self) -> None:
+    for p in self._me.children(recursive=True):
+      try:
+        t = p.cpu_times()
+      except self._psutil.Error:
+        continue
+      self._first.setdefault(p.pid, t.user + t.system)
+      self._last[p.pid] = t.user + t.system
+
+  def _loop(self) -> None:
+    while not self._stop.wait(self.interval):
+      self._sample()
+
+  def __enter__(self):
+    self._sample()
+    self._own_start = self._own()
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self._sample()
+    self.seconds = self._own() - self._own_start + sum(
+        self._last[pid] - self._first[pid] for pid in self._last)
 
 
 def direct_flags(mode: str, workers: int) -> list[str]:
@@ -201,14 +239,14 @@ class Bench:
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     output = os.path.join(out_dir, 'out')
-    cpu = tree_cpu_seconds()
-    start = time.perf_counter()
-    if variant == 'pyspark':
-      wl.run_pyspark(workload, self.sc, paths, output)
-    else:
-      wl.run_beam(workload, self.flags[variant], paths, output)
-    seconds = time.perf_counter() - start
-    cpu = tree_cpu_seconds() - cpu
+    with CpuMeter() as meter:
+      start = time.perf_counter()
+      if variant == 'pyspark':
+        wl.run_pyspark(workload, self.sc, paths, output)
+      else:
+        wl.run_beam(workload, self.flags[variant], paths, output)
+      seconds = time.perf_counter() - start
+    cpu = meter.seconds
     run = Run(
         workload.name, variant, size_mb, repeat, seconds,
         str(wl.digest(output)), cpu, os.getloadavg()[0])
@@ -321,6 +359,10 @@ def main(argv=None) -> None:
   parser.add_argument('--corpus-dir', default=None,
                       help='default: OUT/corpus (inputs are cached there)')
   parser.add_argument('--no-warmup', action='store_true')
+  parser.add_argument(
+      '--freeze-workers', action='store_true',
+      help='experiment: gc.freeze() the runner\'s Python workers after '
+      'importing Beam, before the runs (see benchmarks/probe.py)')
   args = parser.parse_args(argv)
   args.corpus_dir = args.corpus_dir or os.path.join(args.out, 'corpus')
   names = [n for n in args.workloads.split(',') if n]
@@ -337,6 +379,10 @@ def main(argv=None) -> None:
   print('Machine:', json.dumps(facts))
   print(f'Spark conf: {json.dumps({**RUNNER_DEFAULT_CONF, **conf})}')
   bench = Bench(args, sc)
+  if args.freeze_workers:
+    from benchmarks import probe
+    print('Froze the runner\'s Python workers (pid: frozen objects):',
+          probe.freeze_workers(sc))
   for variant in variants:
     if variant in DIRECT_MODES:
       print(f'{variant}: {" ".join(bench.flags[variant])}')
