@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -155,9 +156,30 @@ class _ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
         self.process.kill()
 
 
+_ids_for_pid: Optional[int] = None
+
+
+def _unique_worker_ids() -> None:
+  """Worker ids unique across processes, not only within one.
+
+  Beam numbers worker handlers from 0 per process, so every Spark Python
+  worker (forked alike) would ask a shared worker pool (LOOPBACK, EXTERNAL)
+  for "worker_0". Servers of ended jobs free their ports for new ones; a
+  harness of an ended job reconnecting to a new server on a reused port
+  must not pass for that server's own harness.
+  """
+  global _ids_for_pid
+  with worker_handlers.WorkerHandler._lock:  # pylint: disable=protected-access
+    if _ids_for_pid != os.getpid():
+      _ids_for_pid = os.getpid()
+      worker_handlers.WorkerHandler._worker_id_counter = (  # pylint: disable=protected-access
+          random.SystemRandom().randrange(1 << 40) * 1000)
+
+
 class _Manager(worker_handlers.WorkerHandlerManager):
   """Beam's manager, with our state servicer, logging service and PROCESS."""
   def __init__(self, environments, provision_info, state):
+    _unique_worker_ids()
     super().__init__(environments, provision_info)
     self.state_servicer = state
     self.logs = _LogEntryService()
