@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 
-from beam_pyspark.spark.session import parse_conf
+# The job server forks (Spark's JVM launcher, PySpark's workers) while its
+# gRPC servers run; gRPC's fork handlers then break the child now and then
+# ("epoll_wait error: Bad file descriptor", the JVM gateway never comes
+# up). Nothing here uses gRPC across a fork. Read when grpc is imported.
+os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
+
+from beam_pyspark.spark.session import parse_conf  # pylint: disable=wrong-import-position
 
 
 def _job_server_parser(sub) -> None:

@@ -16,7 +16,12 @@ import os
 import pickle
 import uuid
 
-import pytest
+# Tests fork (Spark's JVM launcher) while gRPC servers of other tests run;
+# gRPC's fork handlers then break the child now and then. Beam's own
+# subprocess tests turn them off the same way. Read when grpc is imported.
+os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
+
+import pytest  # pylint: disable=wrong-import-position
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
