@@ -23,6 +23,7 @@ from beam_pyspark.metrics import PipelineMetrics
 from beam_pyspark.options import PySparkRunnerOptions
 from beam_pyspark.sdk_dependencies import StagedDependencies
 from beam_pyspark.spark.session import parse_conf
+from beam_pyspark.spark.session import spark_context
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -98,6 +99,10 @@ class PySparkRunner(runner.PipelineRunner):
       return environments.EmbeddedPythonEnvironment.default()
     if kind == 'LOOPBACK':
       from apache_beam.runners.worker import worker_pool_main
+      # Start Spark (it forks its JVM launcher) before the worker pool's
+      # gRPC server runs: a fork under running gRPC threads can fail.
+      settings = spark_settings(options)
+      spark_context(settings.master, settings.conf)
       address, server = (
           worker_pool_main.BeamFnExternalWorkerPoolServicer.start(
               state_cache_size=0, use_process=False))
