@@ -50,6 +50,16 @@ SPLIT_OPTION = 'beam:option:split_stragglers_after_secs:v1'
 DEFAULT_SPLIT_AFTER_SECS = 10.0
 
 
+_TRANSPORT_FAILURES = (
+    'Channel closed prematurely', 'failed to connect to all addresses',
+    'Stream removed (Socket closed)')
+
+
+def _transport_failure(error: str) -> bool:
+  """A harness's error that is its Fn API channel failing, not user code."""
+  return any(marker in error for marker in _TRANSPORT_FAILURES)
+
+
 def split_after_secs(pipeline_options) -> float:
   """How long a splittable bundle runs before the runner splits it (0: never)."""
   value = (pipeline_options or {}).get(SPLIT_OPTION)
@@ -131,7 +141,8 @@ class StageRunner:
       split_input = splittable_input(self._descriptor)
       if split_input is not None:
         self._split = (split_input, after)
-    h.state.target = task_state(self.side_inputs)
+    self._state = task_state(self.side_inputs)
+    h.state.target = self._state
     try:
       pending: dict[str, list[bytes]] = {}
       size = 0
@@ -155,8 +166,8 @@ class StageRunner:
       raise PipelineExecutionError(
           f'{exn}\n{traceback.format_exc()}') from exn
     finally:
-      h.flush_logs()
-      h.state.target = None
+      self._harness.flush_logs()
+      self._harness.state.target = None
     if self.on_finish is not None:
       self.on_finish(
           TaskResult(
@@ -200,6 +211,23 @@ class StageRunner:
     response, elements = h.process_bundle(
         self._descriptor, iid, inputs, fired_timers, self._expected,
         split=self._split)
+    if (response.error and _transport_failure(response.error) and
+        not self.stage.stateful and isinstance(h, remote.RemoteHarness)):
+      # The harness lost its channel to this task's Fn API servers before
+      # the bundle produced anything we kept: as a task retry would, run
+      # the bundle again on a fresh harness (new servers, new channels).
+      # Stateful stages fail instead: their state may hold partial writes.
+      _LOGGER.warning(
+          'Bundle %s lost its data channel (%s); retrying it once on a new '
+          'harness', iid, response.error.strip().splitlines()[-1])
+      remote.discard_harness(self.job_id, self.stage.environment_id)
+      h = self._harness = self._acquire_harness()
+      h.state.target = self._state
+      self._descriptor = h.descriptor_for(self.stage.name, self.stage.descriptor)
+      iid = h.next_instruction_id()
+      response, elements = h.process_bundle(
+          self._descriptor, iid, inputs, fired_timers, self._expected,
+          split=self._split)
     if response.error:
       raise PipelineExecutionError(response.error)
     self._bundles += 1
