@@ -416,7 +416,8 @@ def main(argv=None) -> None:
           f'{"-native" if args.native else ""}.txt')
       spy = PySpy(args.py_spy, daemon, raw, args.rate, args.native)
     before = rest.last_job_id()
-    start, end = execute(variant, paths)
+    with bench_run.CpuMeter() as meter:
+      start, end = execute(variant, paths)
     if spy:
       spy.stop()
     jobs = rest.jobs_since(before)
@@ -426,7 +427,9 @@ def main(argv=None) -> None:
     spark['driver_after_last_job_s'] = end - spark['last_complete']
     spark['driver_between_jobs_s'] = (
         spark['last_complete'] - spark['first_submit'] - spark['job_walls_s'])
-    entry = {'spark': spark}
+    # py-spy counts a runnable thread as busy even while another process
+    # holds the CPU; on a loaded machine its seconds exceed the CPU time.
+    entry = {'spark': spark, 'cpu_s': meter.seconds}
     if spy:
       entry['workers'] = spy.buckets()
     report[variant] = entry
@@ -461,7 +464,8 @@ def print_report(report: dict, variants: list[str]) -> None:
   for variant in variants:
     entry = report[variant]
     s = entry['spark']
-    print(f'\n-- {variant}: {s["run_wall_s"]:.2f}s wall --')
+    print(f'\n-- {variant}: {s["run_wall_s"]:.2f}s wall, {entry["cpu_s"]:.1f} CPU-s '
+          '(all processes) --')
     print(f'  driver before first Spark job {s["driver_before_first_job_s"]:.2f}s, '
           f'between jobs {s["driver_between_jobs_s"]:.2f}s, after last '
           f'{s["driver_after_last_job_s"]:.2f}s; {len(s["jobs"])} jobs')
@@ -479,10 +483,12 @@ def print_report(report: dict, variants: list[str]) -> None:
     if 'workers' in entry:
       w = entry['workers']
       total = sum(w['buckets'].values())
-      print(f'  Python workers busy {total:.1f}s (per worker: ' + ', '.join(
-          f'{v:.1f}s' for v in w['processes'].values()) + '):')
+      print(f'  Python workers busy {total:.1f}s (py-spy samples; per worker: '
+            + ', '.join(f'{v:.1f}s' for v in w['processes'].values()) +
+            '); share, and that share of the run\'s CPU time:')
       for k, v in w['buckets'].items():
-        print(f'    {v:7.2f}s {100 * v / max(total, 1e-9):5.1f}%  {k}')
+        share = v / max(total, 1e-9)
+        print(f'    {100 * share:5.1f}%  {share * entry["cpu_s"]:6.1f} CPU-s  {k}')
       print('  top self time:')
       for k, v in list(w['top_self'].items())[:15]:
         print(f'    {v:7.2f}s  {k}')

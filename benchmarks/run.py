@@ -101,6 +101,8 @@ class CpuMeter:
   def _sample(self) -> None:
     for p in self._me.children(recursive=True):
       try:
+        if p.name() == 'py-spy':  # benchmarks.profile's sampler
+          continue
         t = p.cpu_times()
       except self._psutil.Error:
         continue
