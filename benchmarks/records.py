@@ -8,6 +8,7 @@ functions are pickled by reference) and must not pay for Beam's modules.
 from __future__ import annotations
 
 import re
+from typing import Iterator
 
 _WORD = re.compile(r"[\w']+", re.UNICODE)  # as Beam's examples/wordcount.py
 
@@ -112,7 +113,7 @@ def summarize_bytes_group(kv) -> str:
   return '%s\t%d\t%d\t%d' % (key, n, total, crc % (1 << 32))
 
 
-def summarize_sorted_groups(pairs) -> 'Iterator[str]':
+def summarize_sorted_groups(pairs) -> Iterator[str]:
   """A partition of (key, value) pairs sorted by key -> one summary per key,
   streaming each key's values (what a careful hand-written job does when a
   key may not fit in memory)."""
