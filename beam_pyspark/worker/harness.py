@@ -56,6 +56,20 @@ class DelegatingStateHandler(sdk_worker.StateHandler):
     pass
 
 
+def send_input(channel, iid: str, data: dict, timers: dict) -> None:
+  """Writes and closes every timer and data stream of bundle ``iid``."""
+  for (transform_id, family_id), chunks in timers.items():
+    out = channel.output_timer_stream(iid, transform_id, family_id)
+    for chunk in chunks:
+      out.write(chunk)
+    out.close()
+  for transform_id, chunks in data.items():
+    out = channel.output_stream(iid, transform_id)
+    for chunk in chunks:
+      out.write(chunk)
+    out.close()
+
+
 class EmbeddedHarness:
   """One SDK worker with one registered bundle descriptor."""
   _ids = itertools.count(1)
@@ -88,16 +102,7 @@ class EmbeddedHarness:
   def process_bundle(self, descriptor, iid: str, data: dict, timers: dict,
                      expected: list, split=None):
     """Runs one bundle in process; returns (response, output elements)."""
-    for (transform_id, family_id), chunks in timers.items():
-      out = self.runner_side.output_timer_stream(iid, transform_id, family_id)
-      for chunk in chunks:
-        out.write(chunk)
-      out.close()
-    for transform_id, chunks in data.items():
-      out = self.runner_side.output_stream(iid, transform_id)
-      for chunk in chunks:
-        out.write(chunk)
-      out.close()
+    send_input(self.runner_side, iid, data, timers)
     response = self.do(
         beam_fn_api_pb2.InstructionRequest(
             instruction_id=iid,

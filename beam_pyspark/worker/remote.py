@@ -51,6 +51,7 @@ from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import DATA_OUTPUT_URN
 from beam_pyspark.planning.validate import concrete_environment
+from beam_pyspark.worker.harness import send_input
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -285,16 +286,7 @@ class RemoteHarness:
           target=self._split_straggler, args=(iid, split, finished),
           name=f'split-{iid}', daemon=True)
     conn = self.runner_side
-    for (transform_id, family_id), chunks in timers.items():
-      out = conn.output_timer_stream(iid, transform_id, family_id)
-      for chunk in chunks:
-        out.write(chunk)
-      out.close()
-    for transform_id, chunks in data.items():
-      out = conn.output_stream(iid, transform_id)
-      for chunk in chunks:
-        out.write(chunk)
-      out.close()
+    send_input(conn, iid, data, timers)
     future = self.handler.control_conn.push(
         beam_fn_api_pb2.InstructionRequest(
             instruction_id=iid,
