@@ -167,3 +167,34 @@ class Collector:
 @pytest.fixture
 def collect(tmp_path) -> Collector:
   return Collector(tmp_path)
+
+
+class _KeepRecords:
+  """A logging handler that keeps (level, message) of what it sees."""
+  def __init__(self):
+    import logging
+
+    class Handler(logging.Handler):
+      def emit(inner, record):  # pylint: disable=no-self-argument
+        self.seen.append((record.levelno, record.getMessage()))
+
+    self.seen = []
+    self.handler = Handler()
+
+
+@pytest.fixture
+def client_log():
+  """What PySparkRunner's client log (``beam_pyspark.runner``) receives:
+  the job's messages, executors' log lines among them. ``.seen`` is a list
+  of (level, message)."""
+  import logging
+  keep = _KeepRecords()
+  logger = logging.getLogger('beam_pyspark.runner')
+  saved = logger.level
+  logger.addHandler(keep.handler)
+  logger.setLevel(logging.INFO)
+  try:
+    yield keep
+  finally:
+    logger.removeHandler(keep.handler)
+    logger.setLevel(saved)

@@ -25,15 +25,6 @@ PROCESS = [
 ]
 
 
-class _Keep(logging.Handler):
-  def __init__(self):
-    super().__init__()
-    self.seen = []
-
-  def emit(self, record):
-    self.seen.append((record.levelno, record.getMessage()))
-
-
 class BufferUntilTimer(beam.DoFn):
   """Per key: sums values in state, emits (key, sum) on the timer."""
   SUM = userstate.CombiningValueStateSpec('sum', sum)
@@ -85,25 +76,17 @@ def test_killed_harness_fails_the_job_clearly():
   assert 'sdk_worker_main' in message, message
 
 
-def test_harness_logs_reach_the_job_with_severity():
+def test_harness_logs_reach_the_job_with_severity(client_log):
   def chatty(x):
     logging.getLogger('my.harness.dofn').warning('from the harness: %s', x)
     return x
 
-  keep = _Keep()
-  client_log = logging.getLogger('beam_pyspark.runner')
-  client_log.addHandler(keep)
-  saved = client_log.level
-  client_log.setLevel(logging.INFO)
-  try:
-    with beam.Pipeline(options=PipelineOptions(PROCESS)) as p:
-      _ = p | beam.Create(['h1', 'h2']) | beam.Map(chatty)
-  finally:
-    client_log.removeHandler(keep)
-    client_log.setLevel(saved)
-  warnings = [text for level, text in keep.seen if level == logging.WARNING]
+  with beam.Pipeline(options=PipelineOptions(PROCESS)) as p:
+    _ = p | beam.Create(['h1', 'h2']) | beam.Map(chatty)
+  warnings = [
+      text for level, text in client_log.seen if level == logging.WARNING]
   for x in ('h1', 'h2'):
-    assert any(f'from the harness: {x}' in t for t in warnings), keep.seen
+    assert any(f'from the harness: {x}' in t for t in warnings), client_log.seen
 
 
 def test_loopback_runs_the_dofns_in_the_client_process():
@@ -160,23 +143,14 @@ class _SlowRange(beam.DoFn):
       position += 1
 
 
-def test_straggling_sdf_bundle_is_split_by_the_runner():
-  keep = _Keep()
-  client_log = logging.getLogger('beam_pyspark.runner')
-  client_log.addHandler(keep)
-  saved = client_log.level
-  client_log.setLevel(logging.INFO)
+def test_straggling_sdf_bundle_is_split_by_the_runner(client_log):
   n = 300  # about 6 s of work in one bundle
-  try:
-    with beam.Pipeline(options=PipelineOptions(
-        PROCESS + ['--split_stragglers_after_secs=1'])) as p:
-      out = p | beam.Create([n]) | beam.ParDo(_SlowRange())
-      # Exactly once: nothing lost, nothing emitted twice.
-      assert_that(out, equal_to(list(range(n))))
-  finally:
-    client_log.removeHandler(keep)
-    client_log.setLevel(saved)
-  texts = [t for _, t in keep.seen]
+  with beam.Pipeline(options=PipelineOptions(
+      PROCESS + ['--split_stragglers_after_secs=1'])) as p:
+    out = p | beam.Create([n]) | beam.ParDo(_SlowRange())
+    # Exactly once: nothing lost, nothing emitted twice.
+    assert_that(out, equal_to(list(range(n))))
+  texts = [t for _, t in client_log.seen]
   assert any('Split straggling bundle' in t for t in texts), texts
   assert any('split off straggling bundles run in another round' in t
              for t in texts), texts

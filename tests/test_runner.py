@@ -85,7 +85,7 @@ def test_spark_options():
   assert spark_settings(PipelineOptions([])).master is None
 
 
-def test_executor_logs_reach_the_client_log():
+def test_executor_logs_reach_the_client_log(client_log):
   import logging
 
   def chatty(x):
@@ -93,24 +93,7 @@ def test_executor_logs_reach_the_client_log():
     lg.getLogger('my.runner.dofn').warning('hello from %s', x)
     return x
 
-  class Keep(logging.Handler):
-    def __init__(self):
-      super().__init__()
-      self.seen = []
-
-    def emit(self, record):
-      self.seen.append((record.levelno, record.getMessage()))
-
-  keep = Keep()
-  client_log = logging.getLogger('beam_pyspark.runner')
-  client_log.addHandler(keep)
-  saved = client_log.level
-  client_log.setLevel(logging.INFO)
-  try:
-    with beam.Pipeline(options=PipelineOptions(OURS)) as p:
-      _ = p | beam.Create(['w1', 'w2']) | beam.Map(chatty)
-  finally:
-    client_log.removeHandler(keep)
-    client_log.setLevel(saved)
-  assert (logging.WARNING, 'my.runner.dofn: hello from w1') in keep.seen
-  assert (logging.WARNING, 'my.runner.dofn: hello from w2') in keep.seen
+  with beam.Pipeline(options=PipelineOptions(OURS)) as p:
+    _ = p | beam.Create(['w1', 'w2']) | beam.Map(chatty)
+  assert (logging.WARNING, 'my.runner.dofn: hello from w1') in client_log.seen
+  assert (logging.WARNING, 'my.runner.dofn: hello from w2') in client_log.seen
