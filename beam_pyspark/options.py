@@ -39,3 +39,10 @@ class PySparkRunnerOptions(PipelineOptions):
         '(PROCESS, EXTERNAL, LOOPBACK) and is still running after this many '
         'seconds is asked for progress and split; the residual runs in '
         'another Spark task. 0 disables it (default: 10).')
+    parser.add_argument(
+        '--group_memory_mb',
+        type=int,
+        default=None,
+        help='Memory a GroupByKey reduce task groups records in before it '
+        'spills sorted runs to local disk (default: half of '
+        'spark.python.worker.memory, which defaults to 512m).')

@@ -192,7 +192,14 @@ def plan_pipeline(
         pcoll = tr.only_element(t.outputs.values())
         inputs[t.unique_name] = t.spec.payload
         input_coders[t.unique_name] = safe_coder(channel[pcoll])
-        t.spec.payload = _grpc_port(channel[pcoll])
+        port_coder = channel[pcoll]
+        if (t.spec.payload != IMPULSE_BUFFER and
+            tr.split_buffer_id(t.spec.payload)[0] == 'group'):
+          # Grouped values may come as a state-backed iterable: the first
+          # values inline, the rest in pages over the state API
+          # (worker.paging).  The harness decodes both forms with it.
+          port_coder = context.with_state_iterables(port_coder)
+        t.spec.payload = _grpc_port(port_coder)
       elif t.spec.urn == DATA_OUTPUT_URN:
         pcoll = tr.only_element(t.inputs.values())
         outputs[t.unique_name] = t.spec.payload

@@ -21,6 +21,8 @@ from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark.dependencies import activate as activate_dependencies
 from beam_pyspark.spark.session import driver_python_path
 from beam_pyspark.worker import elements
+from beam_pyspark.worker import paging
+from beam_pyspark.worker import shuffle
 from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.grouping import group_values
 from beam_pyspark.worker.logs import capture_logs
@@ -135,7 +137,13 @@ class ReleaseJob:
 
 
 class RunStage:
-  """mapPartitionsWithIndex: run a fused stage over one partition."""
+  """mapPartitionsWithIndex: run a fused stage over one partition.
+
+  ``group_outputs``: output transform id -> (runner-safe coder id, reduce
+  partitions) for outputs that feed a GroupByKey; their elements leave as
+  (reduce partition, chunk of records) for Spark's partitionBy
+  (worker.shuffle).
+  """
   def __init__(self, ctx: TaskContext, stage: StagePlan, side, group_outputs):
     self.ctx = ctx
     self.stage = stage
@@ -146,6 +154,9 @@ class RunStage:
     ctx = self.ctx
     runtime = ctx.runtime()
     stage = self.stage
+    attempt = paging.task_attempt()
+    # Pages left by an earlier task of this Python worker are stale now.
+    paging.release(attempt, others=True)
 
     def report(result):
       ctx.metrics.add([(
@@ -161,11 +172,12 @@ class RunStage:
         on_finish=report,
         pipeline_options=ctx.pipeline_options)
     keyers = {}
-    for transform_id, coder_id in self.group_outputs.items():
+    for transform_id, (coder_id, partitions) in self.group_outputs.items():
       coder = runtime.coder(coder_id)
       keyers[transform_id] = (
           runtime.coder_impl(coder_id),
-          coder.wrapped_value_coder.key_coder().get_impl())
+          coder.wrapped_value_coder.key_coder().get_impl(),
+          shuffle.PartitionPacker(partitions))
     with capture_logs(ctx.log_level, ctx.log_overrides) as captured:
       try:
         for transform_id, chunk in runner.run(records):
@@ -173,9 +185,16 @@ class RunStage:
           if keyer is None:
             yield transform_id, chunk
           else:
-            for pair in elements.keyed_elements(keyer[0], keyer[1], [chunk]):
-              yield transform_id, pair
+            wv_impl, key_impl, packer = keyer
+            for packed in packer.add(
+                shuffle.keyed_records(wv_impl, key_impl, [chunk])):
+              yield transform_id, packed
+        for transform_id, (_, _, packer) in keyers.items():
+          for packed in packer.flush():
+            yield transform_id, packed
       finally:
+        # The pages of groups this stage consumed (worker.paging).
+        paging.release(attempt)
         # A failed task's accumulator updates are dropped by Spark; its
         # error (with the user's traceback) reaches the job another way.
         if ctx.logs is not None:
@@ -209,13 +228,24 @@ def pack_tagged(records):
 
 
 class GroupValues:
-  """Reduce side of a GroupByKey, after Spark's groupByKey shuffle."""
-  def __init__(self, ctx: TaskContext, spec: GroupSpec):
+  """Reduce side of a GroupByKey, after the shuffle of record chunks.
+
+  ``budget``: bytes of records grouped in memory before sorted runs spill
+  to local disk.  ``paged``: the consuming stage runs in this same task and
+  reads the group as its main input, so a large group's values may reach
+  it in pages over the state API (worker.paging).
+  """
+  def __init__(self, ctx: TaskContext, spec: GroupSpec, budget: int,
+               paged: bool):
     self.ctx = ctx
     self.spec = spec
+    self.budget = budget
+    self.paged = paged
 
-  def __call__(self, grouped):
-    return group_values(self.ctx.runtime(), self.spec, grouped)
+  def __call__(self, chunks):
+    return group_values(
+        self.ctx.runtime(), self.spec, chunks, budget=self.budget,
+        paged=self.paged)
 
 
 class SizedElements:

@@ -92,6 +92,7 @@ class SparkPipelineJob:
     self._side_buffer_ids = {
         si.buffer_id for s in plan.stages for si in s.side_inputs}
     self._broadcasts: list = []
+    self._group_budget = group_budget(sc, self.options.pipeline_options)
     self._remote_envs = {
         env_id for env_id, env in self._runtime.components.environments.items()
         if is_remote(env)}
@@ -210,7 +211,7 @@ class SparkPipelineJob:
       self._broadcasts.append(side)
 
     group_outputs = {
-        transform_id: stage.output_coders[transform_id]
+        transform_id: (stage.output_coders[transform_id], self._parallelism)
         for transform_id, buffer_id in stage.outputs.items()
         if tr.split_buffer_id(buffer_id)[0] == 'group'
     }
@@ -317,14 +318,35 @@ class SparkPipelineJob:
         source = sc.union(producers)
       kind, _ = tr.split_buffer_id(buffer_id)
       if kind == 'group':
+        # Producers packed their records per reduce partition (RunStage);
+        # Spark moves the chunks, the reduce side groups within a budget.
         spec = self.plan.groups[buffer_id]
         rdd = (
-            source.groupByKey(self._parallelism, stable_hash)
-            .mapPartitions(tasks.GroupValues(self._ctx, spec)))
+            source.partitionBy(self._parallelism, tasks.identity).values()
+            .mapPartitions(
+                tasks.GroupValues(
+                    self._ctx, spec, self._group_budget,
+                    self._may_page(buffer_id))))
       else:
         rdd = source
     self._buffer_rdds[buffer_id] = rdd
     return rdd
+
+  def _may_page(self, buffer_id: bytes) -> bool:
+    """Whether a group's large value lists may be paged to its consumers.
+
+    Pages live in the task that grouped them, so every consumer must read
+    the group as the main input of a stage run in that same task: not a
+    side input (collected to the driver), not a stateful stage (keyed and
+    shuffled again), not a reshuffle, not a stage whose straggling bundles
+    the runner splits (their residuals run in other tasks).
+    """
+    if buffer_id in self._side_buffer_ids:
+      return False
+    consumers = self._consumers.get(buffer_id, ())
+    return bool(consumers) and all(
+        c.kind == 'sdk' and not c.stateful and not self._may_split(c)
+        for c in consumers)
 
   def _collect(self, buffer_id: bytes) -> list[bytes]:
     chunks = self._side_chunks.get(buffer_id)
@@ -360,6 +382,25 @@ class SparkPipelineJob:
     self._logs_forwarded = len(entries)
     for _, level, text in sorted(fresh, key=lambda e: e[0]):
       self.log(text, importance_of(level))
+
+
+GROUP_MEMORY_OPTION = 'beam:option:group_memory_mb:v1'
+
+
+def group_budget(sc, pipeline_options: Optional[dict] = None) -> int:
+  """Bytes a reduce task groups in memory before spilling sorted runs.
+
+  ``--group_memory_mb``, else half of ``spark.python.worker.memory``
+  (PySpark's own spill point for its Python-side aggregation, default
+  512m): the rest is the worker's Beam, its harness and the bundle in
+  flight.
+  """
+  value = (pipeline_options or {}).get(GROUP_MEMORY_OPTION)
+  if value not in (None, ''):
+    return max(1, int(value)) << 20
+  from pyspark.rdd import _parse_memory  # MiB
+  conf = sc.getConf().get('spark.python.worker.memory', '512m')
+  return max(16, _parse_memory(conf) // 2) << 20
 
 
 def _log_to_python(text: str, importance: int = (

@@ -12,6 +12,7 @@ from apache_beam.runners.portability.fn_api_runner import execution
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
 from beam_pyspark.planning.plan import SideInputSpec
+from beam_pyspark.worker import paging
 from beam_pyspark.worker.runtime import JobRuntime
 
 StateEntries = list[tuple[bytes, bytes]]  # (serialized StateKey, data)
@@ -72,9 +73,18 @@ def side_input_entries(
   return entries
 
 
+class TaskStateServicer(worker_handlers.StateServicer):
+  """Beam's servicer, plus the pages of large groups (``worker.paging``)."""
+  def get_raw(self, state_key, continuation_token=None):
+    if (state_key.WhichOneof('type') == 'runner' and
+        paging.is_paged_token(state_key.runner.key)):
+      return paging.read_page(state_key.runner.key, continuation_token)
+    return super().get_raw(state_key, continuation_token)
+
+
 def task_state(entries: Iterable[StateEntries]) -> worker_handlers.StateServicer:
   """A fresh servicer for one task: side inputs loaded, user state empty."""
-  servicer = worker_handlers.StateServicer()
+  servicer = TaskStateServicer()
   for entry_list in entries:
     for key, data in entry_list:
       servicer.append_raw(beam_fn_api_pb2.StateKey.FromString(key), data)
