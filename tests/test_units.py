@@ -165,3 +165,16 @@ def test_splittable_input_finds_the_sdf_read():
           beam_fn_api_pb2.ProcessBundleDescriptor.FromString(s.descriptor))
       for s in plan.stages if s.kind == 'sdk']
   assert sum(1 for f in found if f) == 1
+
+
+def test_memory_failures_name_the_memory_caps():
+  from beam_pyspark.spark.translate import memory_hint
+  conf = {'spark.executor.pyspark.memory': '1g',
+          'spark.python.worker.memory': '256m'}
+  hint = memory_hint(
+      'org.apache.spark.SparkException: Python worker exited unexpectedly '
+      '(crashed)', conf)
+  assert 'spark.executor.pyspark.memory=1g' in hint
+  assert 'spark.python.worker.memory=256m' in hint
+  assert 'Raise spark.executor.pyspark.memory' in hint
+  assert memory_hint('ValueError: bad input', conf) == ''

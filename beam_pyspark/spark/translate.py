@@ -43,6 +43,7 @@ from beam_pyspark.spark import tasks
 from beam_pyspark.spark.dependencies import ship_dependencies
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import stable_hash
+from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
 from beam_pyspark.worker.bundles import split_after_secs
 from beam_pyspark.worker.bundles import splittable_input
@@ -172,6 +173,8 @@ class SparkPipelineJob:
   def _translate(self, stage: StagePlan):
     if stage.kind == 'reshuffle':
       return self._reshuffle(stage)
+    if stage.kind == 'read':
+      return self._read(stage)
     return self._sdk_stage(stage)
 
   def _sdk_stage(self, stage: StagePlan):
@@ -285,6 +288,15 @@ class SparkPipelineJob:
     self._register_outputs(stage, tagged)
     return tagged
 
+  def _read(self, stage: StagePlan):
+    """A bounded source split on the driver: one element per split."""
+    (out_id, _), = stage.outputs.items()
+    out = split_rdd(
+        self.sc, self._ctx, self._runtime, stage, self._parallelism,
+        self.log, self._action).map(tasks.Tag(out_id))
+    self._register_outputs(stage, out)
+    return out
+
   def _register_outputs(self, stage: StagePlan, out) -> None:
     reads = sum(
         len(self._consumers.get(b, ())) for b in set(stage.outputs.values()))
@@ -368,7 +380,10 @@ class SparkPipelineJob:
     except Exception as exn:  # py4j errors carry the executors' traceback
       if self._cancelled.is_set():
         raise JobCancelledError(f'job {self.job_id} was cancelled') from exn
-      raise PipelineExecutionError(spark_failure_message(exn)) from exn
+      message = spark_failure_message(exn)
+      hint = memory_hint(str(exn), self.sc.getConf())
+      raise PipelineExecutionError(
+          f'{message}\n\n{hint}' if hint else message) from exn
     finally:
       self._forward_logs()
 
@@ -406,6 +421,30 @@ def group_budget(sc, pipeline_options: Optional[dict] = None) -> int:
 def _log_to_python(text: str, importance: int = (
     beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_BASIC)) -> None:
   _LOGGER.log(PYTHON_LEVELS.get(importance, logging.INFO), '%s', text)
+
+
+_MEMORY_SIGNS = ('MemoryError', 'Python worker exited unexpectedly',
+                 'java.lang.OutOfMemoryError', 'Cannot allocate memory')
+
+
+def memory_hint(error: str, conf) -> str:
+  """For a failure that looks like memory: the caps it ran under."""
+  if not any(sign in error for sign in _MEMORY_SIGNS):
+    return ''
+  settings = []
+  for key in ('spark.executor.pyspark.memory', 'spark.python.worker.memory',
+              'spark.executor.memory', 'spark.driver.memory'):
+    value = conf.get(key, None)
+    if value:
+      settings.append(f'{key}={value}')
+  caps = ', '.join(settings) or 'no explicit memory settings'
+  return (
+      'This looks like a worker running out of memory (a Python worker '
+      f'that crashes is often killed at its memory cap). Ran with {caps}. '
+      'Raise spark.executor.pyspark.memory (the Python worker cap) or '
+      'spark.executor.memory, or use more, smaller partitions '
+      '(--spark_parallelism); a DoFn that builds large in-memory '
+      'collections per element needs room for them.')
 
 
 def spark_failure_message(exn: BaseException) -> str:
