@@ -4,6 +4,12 @@ The loop per task: feed input to the harness in bundles of bounded size;
 feed self-checkpoint residuals back until none remain; then fire timers in
 rounds until none remain. A bundle that asks for finalization is finalized
 once its output has been handed downstream, before its residuals run.
+
+A bundle's output is handed downstream as the harness writes it (the
+in-process harness streams it; the gRPC harness's is collected first, so
+that a bundle whose channel failed can be retried): a bundle that fails
+partway has already yielded some output, which Spark drops with the failed
+task.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import logging
 import time
 import traceback
 from typing import Callable
+from typing import Generator
 from typing import Iterable
 from typing import Iterator
 from typing import Optional
@@ -176,8 +183,7 @@ class StageRunner:
   def _bundle(self, data, timers) -> Iterator[tuple[str, bytes]]:
     """One bundle, then its residuals until none remain."""
     while True:
-      response, outputs = self._process(data, timers)
-      yield from outputs
+      response = yield from self._process(data, timers)
       yield from self._split_residuals(data)
       # The bundle's output is handed downstream by now: finalize it before
       # its residuals run, as they may wait for the finalization.
@@ -196,9 +202,12 @@ class StageRunner:
       if delay > 0:
         time.sleep(min(delay, MAX_RESUME_DELAY_SECS))
 
-  def _process(self, data, timers):
-    h = self._harness
-    iid = h.next_instruction_id()
+  def _process(
+      self, data, timers
+  ) -> Generator[tuple[str, bytes], None, beam_fn_api_pb2.InstructionResponse]:
+    """Runs one bundle: yields its data output as the harness writes it and
+    records the timers it sets; returns its response, once all of its output
+    has been read."""
     fired_timers = {}
     for spec in self.stage.timers:
       key = (spec.transform_id, spec.family_id)
@@ -208,11 +217,46 @@ class StageRunner:
     # Every input and timer stream is sent, closed, even when empty: a
     # harness over gRPC waits for the end of each.
     inputs = {t: data.get(t, ()) for t in self.stage.inputs}
+    output = self._start(inputs, fired_timers)
+    try:
+      for element in output:
+        if isinstance(element, beam_fn_api_pb2.Elements.Timers):
+          key = (element.transform_id, element.timer_family_id)
+          self._timers.written(
+              *key, decode_all(self._timer_impls[key], [element.timers]))
+        else:
+          chunk = element.data
+          if chunk:
+            transform_id = element.transform_id
+            del element  # not held while downstream consumes the chunk
+            yield transform_id, chunk
+    finally:
+      # Aborts the bundle if its output was not read to the end.
+      output.close()
+    response = output.response
+    if response.error:
+      raise PipelineExecutionError(response.error)
+    self._bundles += 1
+    self._metrics.extend(response.process_bundle.monitoring_infos)
+    if response.process_bundle.requires_finalization:
+      self._to_finalize.append(output.instruction_id)
+    return response
+
+  def _start(self, inputs, fired_timers) -> harness_mod.BundleOutput:
+    """Starts a bundle on the task's harness."""
+    h = self._harness
+    iid = h.next_instruction_id()
+    if not isinstance(h, remote.RemoteHarness):
+      return h.process_bundle(
+          self._descriptor, iid, inputs, fired_timers, self._expected,
+          split=self._split)
+    # The gRPC harness's bundle has run when process_bundle returns, its
+    # output collected: a transport failure can still be retried.
     response, elements = h.process_bundle(
         self._descriptor, iid, inputs, fired_timers, self._expected,
         split=self._split)
     if (response.error and _transport_failure(response.error) and
-        not self.stage.stateful and isinstance(h, remote.RemoteHarness)):
+        not self.stage.stateful):
       # The harness lost its channel to this task's Fn API servers before
       # the bundle produced anything we kept: as a task retry would, run
       # the bundle again on a fresh harness (new servers, new channels).
@@ -228,21 +272,7 @@ class StageRunner:
       response, elements = h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
           split=self._split)
-    if response.error:
-      raise PipelineExecutionError(response.error)
-    self._bundles += 1
-    outputs = []
-    for element in elements:
-      if isinstance(element, beam_fn_api_pb2.Elements.Timers):
-        key = (element.transform_id, element.timer_family_id)
-        self._timers.written(
-            *key, decode_all(self._timer_impls[key], [element.timers]))
-      elif element.data:
-        outputs.append((element.transform_id, element.data))
-    self._metrics.extend(response.process_bundle.monitoring_infos)
-    if response.process_bundle.requires_finalization:
-      self._to_finalize.append(iid)
-    return response, outputs
+    return harness_mod.CollectedBundle(iid, response, elements)
 
   def _split_residuals(self, data) -> Iterator[tuple[str, tuple[str, bytes]]]:
     """What a runner-initiated split took from the last bundle, as
