@@ -3,7 +3,8 @@
 This is the harness that Beam's EmbeddedWorkerHandler drives: an SdkWorker
 over a BundleProcessorCache, talking through an in-memory data channel.
 Creating one costs descriptor parsing and DoFn setup, so it is kept for the
-life of the Python worker and reused by every task of the same stage.  State
+life of the Python worker and reused by every task of the same stage; one
+idle for ``IDLE_SECS`` is dropped when the next is asked for.  State
 requests go to a delegating handler whose target is swapped per task, since
 a PySpark Python worker runs one task at a time.
 
@@ -35,6 +36,9 @@ from apache_beam.runners.worker import sdk_worker
 from apache_beam.runners.worker import statecache
 
 _MAX_HARNESSES = 32
+# A harness no task has used for this long (its job has likely ended) is
+# shut down when the next harness is asked for.
+IDLE_SECS = 60.0
 _lock = threading.Lock()
 _harnesses: 'collections.OrderedDict[tuple, EmbeddedHarness]' = (
     collections.OrderedDict())
@@ -389,6 +393,9 @@ def harness_for(job_id: str, stage_name: str, descriptor: bytes) -> EmbeddedHarn
         # Its aborted bundle's reader, or that bundle's thread, shuts it
         # down.
         del _harnesses[other_key]
+      elif (other_key != key and now - other.last_used > IDLE_SECS and
+            not other.in_use()):
+        stale.append(_harnesses.pop(other_key))
     harness = _harnesses.get(key)
     if harness is None:
       harness = EmbeddedHarness(
