@@ -42,6 +42,7 @@ from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark import tasks
 from beam_pyspark.spark.dependencies import ship_dependencies
 from beam_pyspark.spark.partitioning import pack_by_size
+from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
@@ -334,7 +335,7 @@ class SparkPipelineJob:
         # Spark moves the chunks, the reduce side groups within a budget.
         spec = self.plan.groups[buffer_id]
         rdd = (
-            source.partitionBy(self._parallelism, tasks.identity).values()
+            shuffle_chunks(source, self._parallelism)
             .mapPartitions(
                 tasks.GroupValues(
                     self._ctx, spec, self._group_budget,
