@@ -71,6 +71,13 @@ class TaskContext:
     return job_runtime(self.job_id, self.components.value)
 
 
+def task_attempt() -> int:
+  """The running Spark task attempt's id (-1 outside a task)."""
+  from pyspark import TaskContext
+  context = TaskContext.get()
+  return context.taskAttemptId() if context is not None else -1
+
+
 _heap_frozen = False
 
 
@@ -154,7 +161,7 @@ class RunStage:
     ctx = self.ctx
     runtime = ctx.runtime()
     stage = self.stage
-    attempt = paging.task_attempt()
+    attempt = task_attempt()
     # Pages left by an earlier task of this Python worker are stale now.
     paging.release(attempt, others=True)
 
@@ -245,7 +252,7 @@ class GroupValues:
   def __call__(self, chunks):
     return group_values(
         self.ctx.runtime(), self.spec, chunks, budget=self.budget,
-        paged=self.paged)
+        paged=self.paged, attempt=task_attempt())
 
 
 class SizedElements:

@@ -59,9 +59,10 @@ def group_values(
     budget: int = DEFAULT_BUDGET_BYTES,
     paged: bool = False,
     inline_bytes: int = INLINE_BYTES,
-    stats: Optional[dict] = None) -> Iterator[bytes]:
-  """``chunks``: shuffled record chunks of one reduce partition."""
-  attempt = paging.task_attempt()
+    stats: Optional[dict] = None,
+    attempt: int = -1) -> Iterator[bytes]:
+  """``chunks``: shuffled record chunks of one reduce partition;
+  ``attempt``: the task attempt that owns the spill and page files."""
   grouper = ExternalGrouper(budget, paging.attempt_dir(attempt))
   grouper.add_all(unpack_records(chunks))
   stats = {} if stats is None else stats

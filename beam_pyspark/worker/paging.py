@@ -42,15 +42,6 @@ class _Pages:
 _stores: dict[bytes, _Pages] = {}
 
 
-def task_attempt() -> int:
-  try:
-    from pyspark import TaskContext
-    context = TaskContext.get()
-  except Exception:  # pylint: disable=broad-except
-    context = None
-  return context.taskAttemptId() if context is not None else -1
-
-
 def spill_root() -> str:
   """This Python worker's directory under Spark's local dirs."""
   local = os.environ.get('SPARK_LOCAL_DIRS', '').split(',')[0]
