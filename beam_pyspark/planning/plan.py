@@ -23,6 +23,8 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 
+from beam_pyspark.planning import reads
+
 DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
 DATA_OUTPUT_URN = bundle_processor.DATA_OUTPUT_URN
 IMPULSE_BUFFER = tr.IMPULSE_BUFFER
@@ -36,10 +38,12 @@ KNOWN_RUNNER_URNS = frozenset([
     common_urns.primitives.FLATTEN.urn,
     common_urns.primitives.GROUP_BY_KEY.urn,
     RESHUFFLE_URN,
+    reads.SPLIT_URN,  # a bounded read's source, split on the driver
 ])
 
 # The order matters; each phase is (stages, context) -> stages.
 PHASES = (
+    reads.native_bounded_reads,  # first: it rewrites leaf stages
     tr.annotate_downstream_side_inputs,
     tr.annotate_stateful_dofns_as_roots,
     tr.fix_side_input_pcoll_coders,
@@ -102,7 +106,8 @@ class GroupSpec:
 @dataclasses.dataclass
 class StagePlan:
   name: str
-  # 'sdk': run bundles in the SDK harness; 'reshuffle': Spark repartitions.
+  # 'sdk': run bundles in the SDK harness; 'reshuffle': Spark repartitions;
+  # 'read': the runner splits a bounded source (planning.reads).
   kind: str
   inputs: dict[str, bytes]  # DATA_INPUT transform id -> buffer id
   outputs: dict[str, bytes]  # DATA_OUTPUT transform id -> buffer id
@@ -118,6 +123,8 @@ class StagePlan:
   transform_names: list[str] = dataclasses.field(default_factory=list)
   # The environment whose harness runs the stage ('' for none).
   environment_id: str = ''
+  # 'read' stages: the ReadPayload of the bounded source to split.
+  read_payload: bytes = b''
 
   @property
   def descriptor_id(self) -> str:
@@ -213,6 +220,20 @@ def plan_pipeline(
       kind, name = tr.split_buffer_id(buffer_id)
       if kind == 'group' and buffer_id not in groups:
         groups[buffer_id] = _group_spec(buffer_id, name, context)
+
+    split = reads.split_transform(stage.transforms)
+    if split is not None:
+      stage_plans.append(
+          StagePlan(
+              name=stage.name,
+              kind='read',
+              inputs={},
+              outputs=outputs,
+              input_coders={},
+              output_coders=output_coders,
+              read_payload=split.spec.payload,
+              transform_names=[split.unique_name]))
+      continue
 
     if reshuffle is not None:
       out_pcoll = tr.only_element(reshuffle.outputs.values())
