@@ -197,3 +197,92 @@ def test_large_group_with_process_environment(client_log):
   p.run().wait_until_finish()
   assert any('reached the next stage in pages' in m and ' 1 group(s)' in m
              for _, m in client_log.seen), client_log.seen
+
+
+def _plan_one_gbk():
+  from beam_pyspark.planning.plan import plan_pipeline
+  from beam_pyspark.worker.runtime import JobRuntime
+  p = beam.Pipeline()
+  _ = p | beam.Create([('a', 1)]) | beam.GroupByKey() | beam.Map(print)
+  plan = plan_pipeline(p.to_runner_api())
+  (spec,) = plan.groups.values()
+  return JobRuntime('compact-test', plan.components), spec
+
+
+def _decode_groups(runtime, spec, chunks):
+  """Grouped output -> {key: [values]}, reading paged tails like a harness."""
+  from apache_beam.coders import coders
+  from apache_beam.coders.coder_impl import create_InputStream
+  safe = runtime.coder(spec.safe_output_coder_id)
+  key_coder, iterable_coder = safe.wrapped_value_coder.coders()
+
+  def read_state(token, element_impl):
+    cont = None
+    while True:
+      data, cont = paging.read_page(token, cont)
+      stream = create_InputStream(data)
+      while stream.size() > 0:
+        yield element_impl.decode_from_stream(stream, True)
+      if not cont:
+        return
+
+  reader = coders.WindowedValueCoder(
+      coders.TupleCoder([key_coder, coders.StateBackedIterableCoder(
+          iterable_coder.value_coder(), read_state=read_state)]),
+      safe.window_coder).get_impl()
+  out = {}
+  for chunk in chunks:
+    stream = create_InputStream(chunk)
+    while stream.size() > 0:
+      wv = reader.decode_from_stream(stream, True)
+      # Encoded in milliseconds, as every runner's elements are.
+      max_ts = beam.transforms.window.GlobalWindow().max_timestamp()
+      assert wv.timestamp.micros // 1000 == max_ts.micros // 1000
+      assert wv.pane_info.is_first and wv.pane_info.is_last
+      key, values = wv.value
+      out[key] = sorted(values)
+  return out
+
+
+def test_compact_records_group_like_decoded_elements():
+  """Key and value bytes sliced from the elements (whatever their pane and
+  timestamp) group exactly like whole decoded elements, inline and paged."""
+  from apache_beam.utils import windowed_value
+  from beam_pyspark.worker.grouping import group_values
+  runtime, spec = _plan_one_gbk()
+  assert shuffle.is_global_bytes_kv(runtime.coder(spec.safe_input_coder_id))
+  in_impl = runtime.coder_impl(spec.safe_input_coder_id)
+  panes = [windowed_value.PANE_INFO_UNKNOWN,
+           windowed_value.PaneInfo(False, False,
+                                   windowed_value.PaneInfoTiming.LATE, 3, 2),
+           windowed_value.PaneInfo(True, False,
+                                   windowed_value.PaneInfoTiming.EARLY, 7, -1)]
+  elements = []
+  for i in range(3000):
+    key = b'hot' if i % 2 else b'k%d' % (i % 7)
+    elements.append(in_impl.encode_nested(beam.transforms.window.GlobalWindows
+        .windowed_value((key, b'v%05d' % i + b'.' * (i % 50)),
+                        timestamp=i, pane_info=panes[i % 3])))
+  chunk = b''.join(elements)
+  key_impl = runtime.coder(spec.safe_input_coder_id
+                           ).wrapped_value_coder.key_coder().get_impl()
+  whole = list(shuffle.keyed_records(in_impl, key_impl, [chunk]))
+  compact = list(shuffle.kv_value_records([chunk]))
+  assert [k for k, _ in whole] == [k for k, _ in compact]
+  assert all(w.endswith(c) for (_, w), (_, c) in zip(whole, compact))
+
+  def pack(records):
+    packer = shuffle.PartitionPacker(1)
+    return [c for _, c in list(packer.add(records)) + list(packer.flush())]
+
+  expected = _decode_groups(runtime, spec, group_values(
+      runtime, spec, pack(whole), paged=False))
+  assert len(expected) == 8 and len(expected[b'hot']) == 1500
+  for paged, inline in ((False, 1 << 20), (True, 1 << 20), (True, 20000)):
+    stats = {}
+    got = _decode_groups(runtime, spec, group_values(
+        runtime, spec, pack(compact), paged=paged, inline_bytes=inline,
+        stats=stats, attempt=77, compact=True))
+    assert got == expected
+    assert stats.get("paged_groups", 0) == (1 if inline == 20000 else 0)
+  paging.release(77)

@@ -7,6 +7,7 @@ coder ids); the work itself is in ``beam_pyspark.worker``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -147,9 +148,9 @@ class RunStage:
   """mapPartitionsWithIndex: run a fused stage over one partition.
 
   ``group_outputs``: output transform id -> (runner-safe coder id, reduce
-  partitions) for outputs that feed a GroupByKey; their elements leave as
-  (reduce partition, chunk of records) for Spark's partitionBy
-  (worker.shuffle).
+  partitions, compact) for outputs that feed a GroupByKey; their elements
+  leave as (reduce partition, chunk of records) for the shuffle
+  (worker.shuffle; compact: records of key and value bytes only).
   """
   def __init__(self, ctx: TaskContext, stage: StagePlan, side, group_outputs):
     self.ctx = ctx
@@ -179,12 +180,15 @@ class RunStage:
         on_finish=report,
         pipeline_options=ctx.pipeline_options)
     keyers = {}
-    for transform_id, (coder_id, partitions) in self.group_outputs.items():
-      coder = runtime.coder(coder_id)
-      keyers[transform_id] = (
-          runtime.coder_impl(coder_id),
-          coder.wrapped_value_coder.key_coder().get_impl(),
-          shuffle.PartitionPacker(partitions))
+    for transform_id, (coder_id, partitions, compact) in (
+        self.group_outputs.items()):
+      if compact:
+        to_records = shuffle.kv_value_records
+      else:
+        to_records = functools.partial(
+            shuffle.keyed_records, runtime.coder_impl(coder_id),
+            runtime.coder(coder_id).wrapped_value_coder.key_coder().get_impl())
+      keyers[transform_id] = (to_records, shuffle.PartitionPacker(partitions))
     with capture_logs(ctx.log_level, ctx.log_overrides) as captured:
       try:
         for transform_id, chunk in runner.run(records):
@@ -192,11 +196,10 @@ class RunStage:
           if keyer is None:
             yield transform_id, chunk
           else:
-            wv_impl, key_impl, packer = keyer
-            for packed in packer.add(
-                shuffle.keyed_records(wv_impl, key_impl, [chunk])):
+            to_records, packer = keyer
+            for packed in packer.add(to_records([chunk])):
               yield transform_id, packed
-        for transform_id, (_, _, packer) in keyers.items():
+        for transform_id, (_, packer) in keyers.items():
           for packed in packer.flush():
             yield transform_id, packed
       finally:
@@ -243,16 +246,17 @@ class GroupValues:
   it in pages over the state API (worker.paging).
   """
   def __init__(self, ctx: TaskContext, spec: GroupSpec, budget: int,
-               paged: bool):
+               paged: bool, compact: bool = False):
     self.ctx = ctx
     self.spec = spec
     self.budget = budget
     self.paged = paged
+    self.compact = compact
 
   def __call__(self, chunks):
     return group_values(
         self.ctx.runtime(), self.spec, chunks, budget=self.budget,
-        paged=self.paged, attempt=task_attempt())
+        paged=self.paged, attempt=task_attempt(), compact=self.compact)
 
 
 class SizedElements:

@@ -50,6 +50,7 @@ from beam_pyspark.worker.bundles import split_after_secs
 from beam_pyspark.worker.bundles import splittable_input
 from beam_pyspark.worker.remote import is_remote
 from beam_pyspark.worker.runtime import JobRuntime
+from beam_pyspark.worker.shuffle import is_global_bytes_kv
 from beam_pyspark.worker.state import side_input_entries
 
 _LOGGER = logging.getLogger(__name__)
@@ -215,7 +216,8 @@ class SparkPipelineJob:
       self._broadcasts.append(side)
 
     group_outputs = {
-        transform_id: (stage.output_coders[transform_id], self._parallelism)
+        transform_id: (stage.output_coders[transform_id], self._parallelism,
+                       self._compact(buffer_id))
         for transform_id, buffer_id in stage.outputs.items()
         if tr.split_buffer_id(buffer_id)[0] == 'group'
     }
@@ -339,11 +341,18 @@ class SparkPipelineJob:
             .mapPartitions(
                 tasks.GroupValues(
                     self._ctx, spec, self._group_budget,
-                    self._may_page(buffer_id))))
+                    self._may_page(buffer_id), self._compact(buffer_id))))
       else:
         rdd = source
     self._buffer_rdds[buffer_id] = rdd
     return rdd
+
+  def _compact(self, buffer_id: bytes) -> bool:
+    """Whether a group's shuffle carries only key and value bytes: the
+    default windowing over a global-window KV<bytes, bytes>."""
+    spec = self.plan.groups[buffer_id]
+    return spec.default_windowing and is_global_bytes_kv(
+        self._runtime.coder(spec.safe_input_coder_id))
 
   def _may_page(self, buffer_id: bytes) -> bool:
     """Whether a group's large value lists may be paged to its consumers.

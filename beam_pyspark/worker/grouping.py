@@ -60,15 +60,22 @@ def group_values(
     paged: bool = False,
     inline_bytes: int = INLINE_BYTES,
     stats: Optional[dict] = None,
-    attempt: int = -1) -> Iterator[bytes]:
+    attempt: int = -1,
+    compact: bool = False) -> Iterator[bytes]:
   """``chunks``: shuffled record chunks of one reduce partition;
-  ``attempt``: the task attempt that owns the spill and page files."""
+  ``attempt``: the task attempt that owns the spill and page files;
+  ``compact``: the records are (key, value) of a global-window
+  KV<bytes, bytes> (``shuffle.kv_value_records``), not whole elements."""
   grouper = ExternalGrouper(budget, paging.attempt_dir(attempt))
   grouper.add_all(unpack_records(chunks))
   stats = {} if stats is None else stats
   stats['spilled_bytes'] = grouper.spilled_bytes
   stats['runs'] = grouper.runs_written
   groups = grouper.groups()
+  if compact:
+    return _reported(spec, stats, _compact_groups(
+        runtime, spec, groups, attempt,
+        inline_bytes if paged else None, stats))
   if spec.default_windowing:
     return _reported(spec, stats, _global_window_groups(
         runtime, spec, groups, attempt,
@@ -141,6 +148,61 @@ def _global_window_groups(runtime, spec, groups, attempt, inline_bytes, stats):
     impl.encode_to_stream(
         windowed((key, values), timestamp=max_ts, pane_info=_ON_TIME_PANE),
         out, True)
+    if out.size() >= CHUNK_BYTES:
+      yield out.get()
+      out = create_OutputStream()
+  if out.size():
+    yield out.get()
+
+
+def _compact_groups(runtime, spec, groups, attempt, inline_bytes, stats):
+  """Grouped output written from the records' bytes, nothing decoded.
+
+  Each output element is the global window's on-time pane header, the key,
+  then the values' nested encodings as an iterable: counted when the group
+  is small; else the state-backed form, the first ``inline_bytes`` inline
+  and the rest behind a page token (see IterableCoderImpl.encode_to_stream
+  for the layout, which the harness decodes).
+  """
+  out_impl = runtime.coder_impl(spec.safe_output_coder_id)
+  empty = out_impl.encode_nested(window.GlobalWindows.windowed_value(
+      (b'', []), timestamp=window.GlobalWindow().max_timestamp(),
+      pane_info=_ON_TIME_PANE))
+  # The empty key (varint 0) and the empty iterable (int32 0) end it.
+  assert empty.endswith(b'\x00' * 5), empty
+  header = empty[:-5]
+  limit = inline_bytes
+  out = create_OutputStream()
+  for key, values in groups:
+    out.write(header)
+    out.write_var_int64(len(key))
+    out.write(key)
+    if limit is None:
+      inline = list(values)
+      out.write_bigendian_int32(len(inline))
+      out.write(b''.join(inline))
+    else:
+      inline = []
+      size = 0
+      paged = False
+      for value in values:
+        inline.append(value)
+        size += len(value)
+        if size > limit:
+          paged = True
+          break
+      if not paged:
+        out.write_bigendian_int32(len(inline))
+        out.write(b''.join(inline))
+      else:
+        token = paging.write_raw_pages(values, attempt)
+        out.write_bigendian_int32(-1)
+        out.write_var_int64(len(inline))
+        out.write(b''.join(inline))
+        out.write_var_int64(-1)
+        out.write_var_int64(len(token))
+        out.write(token)
+        stats['paged_groups'] = stats.get('paged_groups', 0) + 1
     if out.size() >= CHUNK_BYTES:
       yield out.get()
       out = create_OutputStream()

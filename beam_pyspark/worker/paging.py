@@ -76,6 +76,35 @@ def write_pages(values: Iterable, element_impl, attempt: int,
       data = out.get()
       f.write(data)
       pages.append((offset, len(data)))
+  return _register(path, pages, attempt)
+
+
+def write_raw_pages(encoded: Iterable[bytes], attempt: int,
+                    directory: Optional[str] = None) -> bytes:
+  """Like ``write_pages`` for values already in their nested encoding."""
+  directory = directory or attempt_dir(attempt)
+  os.makedirs(directory, exist_ok=True)
+  fd, path = tempfile.mkstemp(prefix='pages-', dir=directory)
+  pages = []
+  offset = 0
+  with os.fdopen(fd, 'wb') as f:
+    parts: list[bytes] = []
+    size = 0
+    for value in encoded:
+      parts.append(value)
+      size += len(value)
+      if size >= PAGE_BYTES:
+        f.write(b''.join(parts))
+        pages.append((offset, size))
+        offset += size
+        parts, size = [], 0
+    if parts:
+      f.write(b''.join(parts))
+      pages.append((offset, size))
+  return _register(path, pages, attempt)
+
+
+def _register(path: str, pages: list, attempt: int) -> bytes:
   token = TOKEN_PREFIX + uuid.uuid4().hex.encode('ascii')
   with _lock:
     _stores[token] = _Pages(path, pages, attempt)

@@ -215,3 +215,46 @@ def _remove(path: str) -> None:
     os.remove(path)
   except FileNotFoundError:
     pass
+
+
+def is_global_bytes_kv(coder) -> bool:
+  """A runner-safe WindowedValue<KV<bytes, bytes>> in the global window:
+  the shape of almost every GroupByKey input, whose grouping needs only
+  each element's key and value bytes (``kv_value_records``)."""
+  from apache_beam.coders import coders
+  if type(coder) is not coders.WindowedValueCoder:
+    return False
+  if type(coder.window_coder) is not coders.GlobalWindowCoder:
+    return False
+  kv = coder.wrapped_value_coder
+  return (
+      type(kv) is coders.TupleCoder and len(kv.coders()) == 2 and
+      all(type(c) is coders.BytesCoder for c in kv.coders()))
+
+
+def kv_value_records(chunks: Iterable[bytes]) -> Iterator[tuple[bytes, bytes]]:
+  """(key, the value's nested encoding) per global-window KV<bytes, bytes>
+  element, read from the bytes without building a WindowedValue.
+
+  With the default windowing the reduce side stamps its own timestamp,
+  window and pane, so only these travel: timestamp (8 bytes), windows
+  (int32 count; a global window is empty), pane (a byte, then 0-2 varint
+  indices by its encoding), key (varint length, bytes), value (varint
+  length, bytes).
+  """
+  for data in chunks:
+    stream = create_InputStream(data)
+    total = len(data)
+    while stream.size() > 0:
+      stream.read(8)
+      stream.read_bigendian_int32()
+      encoding = stream.read_byte() >> 4
+      if encoding == 1:
+        stream.read_var_int64()
+      elif encoding == 2:
+        stream.read_var_int64()
+        stream.read_var_int64()
+      key = stream.read(stream.read_var_int64())
+      start = total - stream.size()
+      stream.read(stream.read_var_int64())
+      yield key, data[start:total - stream.size()]
