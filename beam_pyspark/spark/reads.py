@@ -99,13 +99,21 @@ def split_rdd(sc, ctx, runtime, stage: StagePlan, parallelism: int, log,
           elements.encode_stream(impl, [GlobalWindows.windowed_value(split)]))
       for _, split in splits
   ]
-  bins = pack_by_size([weight for weight, _ in splits], parallelism)
+  bins = pack_by_size(_weights([weight for weight, _ in splits]), parallelism)
   size = 'unknown' if estimated is None else f'{estimated}'
   log(f'{stage.name}: {len(splits)} splits of the source (desired '
       f'{desired} bytes each, estimated size {size} bytes), packed into '
       f'{len(bins)} partitions by weight')
   packed = [[encoded[i] for i in b] for b in bins] or [[]]
   return sc.parallelize(packed, len(packed)).flatMap(_identity)
+
+
+def _weights(weights: list[float]) -> list[float]:
+  """Splits without a weight weigh what the others do on average (1 if
+  none has one), so that they are spread rather than piled in one bin."""
+  known = [w for w in weights if w > 0]
+  fill = sum(known) / len(known) if known else 1.0
+  return [w if w > 0 else fill for w in weights]
 
 
 def _identity(x):
