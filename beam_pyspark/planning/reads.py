@@ -15,8 +15,8 @@ composite's expansion with
   ReadPayload as payload): on the driver, ``source.split(estimate_size() /
   parallelism)``, splits packed into partitions by weight (``spark.reads``);
 * ``<read>/ReadSplits``, a transform of the SDK harness
-  (``worker.reads.READ_SPLIT_URN``) whose input elements are the encoded
-  splits; it reads each one and feeds the records straight to the transforms
+  (:data:`READ_SPLIT_URN`, implemented in ``worker.reads``) whose input
+  elements are the encoded splits; it reads each one and feeds the records straight to the transforms
   fused after it.
 
 Only reads whose whole expansion runs in the embedded Python environment are
@@ -37,12 +37,13 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations as tr
 
 from beam_pyspark.planning.validate import concrete_environment
-# Importing it registers READ_SPLIT_URN with the SDK harness of this process.
-from beam_pyspark.worker.reads import READ_SPLIT_URN
 
 READ_URN = common_urns.deprecated_primitives.READ.urn
 # A runner transform: no input; output, the encoded splits of the source.
 SPLIT_URN = 'beam_pyspark:runner:split_bounded_source:v1'
+# A transform of the in-process SDK harness (worker.reads registers it):
+# input, encoded splits; output, the records.
+READ_SPLIT_URN = 'beam_pyspark:transform:read_bounded_source_split:v1'
 
 
 def native_bounded_reads(

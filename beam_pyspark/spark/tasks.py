@@ -23,6 +23,9 @@ from beam_pyspark.spark.dependencies import activate as activate_dependencies
 from beam_pyspark.spark.session import driver_python_path
 from beam_pyspark.worker import elements
 from beam_pyspark.worker import paging
+# Registers the in-process harness's reader of bounded source splits
+# (planning.reads) in every Python worker that runs a task.
+from beam_pyspark.worker import reads as _harness_reads  # pylint: disable=unused-import
 from beam_pyspark.worker import shuffle
 from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.grouping import group_values

@@ -10,8 +10,8 @@ no watermark estimator, no encode and decode per record, as Beam's
 
 Only the embedded Python environment runs this (the URN is this runner's);
 other environments keep Beam's SDF expansion of the read.  The registration
-happens on import; ``planning.reads`` imports this module, and every process
-that runs a stage imports the planning package.
+happens on import: ``spark.tasks``, which every executor task imports,
+imports this module.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from apache_beam.runners.worker import operations
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.windowed_value import WindowedValue
 
-# A transform of the SDK harness: input, encoded splits; output, the records.
-READ_SPLIT_URN = 'beam_pyspark:transform:read_bounded_source_split:v1'
+from beam_pyspark.planning.reads import READ_SPLIT_URN
 
 
 def encode_split(source, start_position, stop_position) -> bytes:
