@@ -35,6 +35,10 @@ from apache_beam.runners.worker import data_plane
 from apache_beam.runners.worker import sdk_worker
 from apache_beam.runners.worker import statecache
 
+# Registers the transform that reads a bounded source's split (planning.reads)
+# with the SDK harness: every in-process harness may be given such a stage.
+from beam_pyspark.worker import reads as _split_reader  # pylint: disable=unused-import
+
 _MAX_HARNESSES = 32
 # A harness no task has used for this long (its job has likely ended) is
 # shut down when the next harness is asked for.
