@@ -321,17 +321,25 @@ class RemoteHarness:
     return response, outputs
 
   def _split_straggler(self, iid: str, split: tuple, finished) -> None:
-    input_id, after_secs = split
+    """Splits bundle ``iid`` once it has run ``after_secs``; a bundle the
+    harness cannot split yet (not started, e.g. on a loaded machine, or at
+    an unsplittable point) is asked again every ``after_secs`` until it
+    splits or ends."""
+    after_secs = split[1]
     started = time.monotonic()
-    if finished.wait(after_secs):
-      return
+    while not finished.wait(after_secs):
+      if self._try_split(iid, split, finished, started):
+        return
+
+  def _try_split(self, iid: str, split: tuple, finished, started) -> bool:
+    input_id = split[0]
     try:
       progress = self.do(
           beam_fn_api_pb2.InstructionRequest(
               process_bundle_progress=beam_fn_api_pb2.
               ProcessBundleProgressRequest(instruction_id=iid)))
       if finished.is_set() or progress.error:
-        return
+        return False
       index = _read_index(progress.process_bundle_progress.monitoring_infos,
                           input_id)
       response = self.do(
@@ -343,7 +351,7 @@ class RemoteHarness:
                       DesiredSplit(fraction_of_remainder=0.5)
                   })))
       if response.error:
-        return
+        return False
       result = response.process_bundle_split
       if result.residual_roots or result.channel_splits:
         self.last_split = result
@@ -353,8 +361,10 @@ class RemoteHarness:
             iid, time.monotonic() - started,
             'unknown' if index is None else index,
             len(result.residual_roots), len(result.channel_splits))
+        return True
     except Exception:  # pylint: disable=broad-except
       _LOGGER.debug('Could not split bundle %s', iid, exc_info=True)
+    return False
 
   def do(self, request: beam_fn_api_pb2.InstructionRequest):
     if not request.instruction_id:
