@@ -144,9 +144,9 @@ def _expected_summaries(shards, per_shard, size):
           for k, vs in groups.items()]
 
 
-def test_large_group_spills_and_reaches_the_dofn_in_pages(client_log):
-  shards, per_shard, size = 6, 500, 4096  # hot key: 3000 values, ~12 MB
-  p = beam.Pipeline(options=PipelineOptions(OURS + ['--group_memory_mb=2']))
+def _run_large_group(shards, per_shard, size, options):
+  """Groups _Values and summarizes each group twice; asserts the output."""
+  p = beam.Pipeline(options=PipelineOptions(OURS + options))
   out = (
       p
       | beam.Create(list(range(shards)))
@@ -155,6 +155,11 @@ def test_large_group_spills_and_reaches_the_dofn_in_pages(client_log):
       | beam.Map(_summarize_twice))
   assert_that(out, equal_to(_expected_summaries(shards, per_shard, size)))
   p.run().wait_until_finish()
+
+
+def test_large_group_spills_and_reaches_the_dofn_in_pages(client_log):
+  # Hot key: 3000 values, ~12 MB.
+  _run_large_group(6, 500, 4096, ['--group_memory_mb=2'])
   messages = [m for _, m in client_log.seen]
   reports = [m for m in messages if "GroupByKey 'GroupByKey'" in m]
   assert any('reached the next stage in pages' in m and ' 1 group(s)' in m
@@ -182,19 +187,10 @@ def test_large_group_as_side_input_stays_inline():
 def test_large_group_with_process_environment(client_log):
   """The pages reach a harness over the gRPC state API the same way."""
   import sys
-  shards, per_shard, size = 4, 400, 4096
-  p = beam.Pipeline(options=PipelineOptions(OURS + [
+  _run_large_group(4, 400, 4096, [
       '--environment_type=PROCESS',
       '--environment_config={"command": "%s -m '
-      'apache_beam.runners.worker.sdk_worker_main"}' % sys.executable]))
-  out = (
-      p
-      | beam.Create(list(range(shards)))
-      | beam.FlatMap(_Values(per_shard, size))
-      | beam.GroupByKey()
-      | beam.Map(_summarize_twice))
-  assert_that(out, equal_to(_expected_summaries(shards, per_shard, size)))
-  p.run().wait_until_finish()
+      'apache_beam.runners.worker.sdk_worker_main"}' % sys.executable])
   assert any('reached the next stage in pages' in m and ' 1 group(s)' in m
              for _, m in client_log.seen), client_log.seen
 

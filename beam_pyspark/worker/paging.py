@@ -25,7 +25,9 @@ from typing import Iterable
 from typing import Optional
 
 from apache_beam.coders import coders
-from apache_beam.coders.coder_impl import create_OutputStream
+
+from beam_pyspark.worker.elements import encode_stream
+from beam_pyspark.worker.elements import pack
 
 PAGE_BYTES = 1 << 20
 TOKEN_PREFIX = b'beam-pyspark/pages/'
@@ -56,52 +58,30 @@ def attempt_dir(attempt: int) -> str:
 def write_pages(values: Iterable, element_impl, attempt: int,
                 directory: Optional[str] = None) -> bytes:
   """Writes ``values`` to a page file; returns its state token."""
-  directory = directory or attempt_dir(attempt)
-  os.makedirs(directory, exist_ok=True)
-  fd, path = tempfile.mkstemp(prefix='pages-', dir=directory)
-  pages = []
-  offset = 0
-  with os.fdopen(fd, 'wb') as f:
-    out = create_OutputStream()
-    encode = element_impl.encode_to_stream
-    for value in values:
-      encode(value, out, True)
-      if out.size() >= PAGE_BYTES:
-        data = out.get()
-        f.write(data)
-        pages.append((offset, len(data)))
-        offset += len(data)
-        out = create_OutputStream()
-    if out.size():
-      data = out.get()
-      f.write(data)
-      pages.append((offset, len(data)))
-  return _register(path, pages, attempt)
+  return _write_page_file(
+      encode_stream(element_impl, values, PAGE_BYTES), attempt, directory)
 
 
 def write_raw_pages(encoded: Iterable[bytes], attempt: int,
                     directory: Optional[str] = None) -> bytes:
   """Like ``write_pages`` for values already in their nested encoding."""
+  return _write_page_file(pack(encoded, PAGE_BYTES), attempt, directory)
+
+
+def _write_page_file(pages: Iterable[bytes], attempt: int,
+                     directory: Optional[str]) -> bytes:
+  """Writes element-aligned ``pages`` to one file; returns its token."""
   directory = directory or attempt_dir(attempt)
   os.makedirs(directory, exist_ok=True)
   fd, path = tempfile.mkstemp(prefix='pages-', dir=directory)
-  pages = []
+  index = []
   offset = 0
   with os.fdopen(fd, 'wb') as f:
-    parts: list[bytes] = []
-    size = 0
-    for value in encoded:
-      parts.append(value)
-      size += len(value)
-      if size >= PAGE_BYTES:
-        f.write(b''.join(parts))
-        pages.append((offset, size))
-        offset += size
-        parts, size = [], 0
-    if parts:
-      f.write(b''.join(parts))
-      pages.append((offset, size))
-  return _register(path, pages, attempt)
+    for page in pages:
+      f.write(page)
+      index.append((offset, len(page)))
+      offset += len(page)
+  return _register(path, index, attempt)
 
 
 def _register(path: str, pages: list, attempt: int) -> bytes:
