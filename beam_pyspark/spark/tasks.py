@@ -23,6 +23,7 @@ from beam_pyspark.spark.dependencies import activate as activate_dependencies
 from beam_pyspark.spark.session import driver_python_path
 from beam_pyspark.worker import elements
 from beam_pyspark.worker import paging
+from beam_pyspark.worker import remote
 # Registers the in-process harness's reader of bounded source splits
 # (planning.reads) in every Python worker that runs a task.
 from beam_pyspark.worker import reads as _harness_reads  # pylint: disable=unused-import
@@ -143,7 +144,6 @@ class ReleaseJob:
     self.job_id = job_id
 
   def __call__(self, _):
-    from beam_pyspark.worker import remote
     remote.release_job(self.job_id)
 
 
@@ -205,6 +205,12 @@ class RunStage:
         for transform_id, (_, packer) in keyers.items():
           for packed in packer.flush():
             yield transform_id, packed
+      except Exception:
+        # PySpark ends this Python worker once the task has failed, with
+        # os._exit: its out-of-process harnesses must end their streams now
+        # (worker.remote.stop_all).
+        remote.stop_all()
+        raise
       finally:
         # The pages of groups this stage consumed (worker.paging).
         paging.release(attempt)

@@ -67,6 +67,14 @@ def _transport_failure(error: str) -> bool:
   return any(marker in error for marker in _TRANSPORT_FAILURES)
 
 
+def _transport_line(error: str) -> str:
+  """The line of a harness's error that names the channel's failure."""
+  for line in error.splitlines():
+    if any(marker in line for marker in _TRANSPORT_FAILURES):
+      return line.strip()
+  return error.strip().splitlines()[-1]
+
+
 def split_after_secs(pipeline_options) -> float:
   """How long a splittable bundle runs before the runner splits it (0: never)."""
   value = (pipeline_options or {}).get(SPLIT_OPTION)
@@ -251,27 +259,42 @@ class StageRunner:
           self._descriptor, iid, inputs, fired_timers, self._expected,
           split=self._split)
     # The gRPC harness's bundle has run when process_bundle returns, its
-    # output collected: a transport failure can still be retried.
-    response, elements = h.process_bundle(
-        self._descriptor, iid, inputs, fired_timers, self._expected,
-        split=self._split)
-    if (response.error and _transport_failure(response.error) and
-        not self.stage.stateful):
-      # The harness lost its channel to this task's Fn API servers before
-      # the bundle produced anything we kept: as a task retry would, run
-      # the bundle again on a fresh harness (new servers, new channels).
-      # Stateful stages fail instead: their state may hold partial writes.
-      _LOGGER.warning(
-          'Bundle %s lost its data channel (%s); retrying it once on a new '
-          'harness', iid, response.error.strip().splitlines()[-1])
-      remote.discard_harness(self.job_id, self.stage.environment_id)
-      h = self._harness = self._acquire_harness()
-      h.state.target = self._state
-      self._descriptor = h.descriptor_for(self.stage.name, self.stage.descriptor)
-      iid = h.next_instruction_id()
+    # output collected: a transport failure can still be retried. The
+    # bundle's user state writes are journaled, so that a retry starts
+    # from the state the failed attempt started from (other stages only
+    # read side inputs).
+    journal = self.stage.stateful
+    if journal:
+      self._state.begin_bundle()
+    try:
       response, elements = h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
           split=self._split)
+      if response.error and _transport_failure(response.error):
+        # The harness lost a channel to this task's Fn API servers (its
+        # state or data stream: Beam's harness keeps a failed stream's error
+        # for good). Nothing of the bundle was kept: as a task retry would,
+        # run it again on a fresh harness (new servers, new channels).
+        _LOGGER.warning(
+            'Bundle %s of %s lost its Fn API channel (%s); retrying it once '
+            'on a new harness', iid, self.stage.name,
+            _transport_line(response.error))
+        if journal:
+          self._state.rollback_bundle()
+          self._state.begin_bundle()
+        remote.discard_harness(self.job_id, self.stage.environment_id)
+        h = self._harness = self._acquire_harness()
+        h.state.target = self._state
+        self._descriptor = h.descriptor_for(
+            self.stage.name, self.stage.descriptor)
+        iid = h.next_instruction_id()
+        response, elements = h.process_bundle(
+            self._descriptor, iid, inputs, fired_timers, self._expected,
+            split=self._split)
+    finally:
+      # A failed bundle fails its task, whose state goes with it.
+      if journal:
+        self._state.commit_bundle()
     return harness_mod.CollectedBundle(iid, response, elements)
 
   def _split_residuals(self, data) -> Iterator[tuple[str, tuple[str, bytes]]]:

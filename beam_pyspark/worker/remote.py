@@ -57,6 +57,8 @@ _LOGGER = logging.getLogger(__name__)
 
 IDLE_SECS = 120.0
 _MAX_HARNESSES = 8
+# How long a failed task waits for its worker's harnesses to stop.
+STOP_ALL_SECS = 10.0
 # How long a task waits, at its end, for the harness's log stream to go
 # quiet, so that what the bundle logged is attributed to it.
 LOG_QUIET_SECS = 0.1
@@ -511,6 +513,36 @@ def _ensure_reaper() -> None:
       _reaper = threading.Thread(
           target=_reap_idle, name='beam-pyspark-harness-reaper', daemon=True)
       _reaper.start()
+
+
+def stop_all(timeout: float = STOP_ALL_SECS) -> None:
+  """Stops every harness of this Python worker, waiting at most ``timeout``.
+
+  For a task that failed: PySpark then ends its Python worker with
+  ``os._exit``, which runs no atexit hook, so this is the harnesses' last
+  chance to end their Fn API streams cleanly. Beam's harness whose control
+  stream breaks instead leaves its state and data streams reconnecting to
+  the dead ports; in a process of many harnesses (LOOPBACK's client), gRPC
+  shares that connection's backoff with a later harness whose server was
+  given the same port, and the later harness's state channel fails
+  ("failed to connect to all addresses").
+  """
+  with _lock:
+    harnesses = list(_harnesses.values())
+    _harnesses.clear()
+  if not harnesses:
+    return
+
+  def stop():
+    for h in harnesses:
+      h.shutdown()
+
+  # A harness stuck in user code never lets its control stream end: the
+  # task's failure must not wait for it.
+  stopper = threading.Thread(
+      target=stop, name='beam-pyspark-harness-stop', daemon=True)
+  stopper.start()
+  stopper.join(timeout)
 
 
 @atexit.register

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import struct
 from typing import Iterable
+from typing import Optional
+
+import sortedcontainers
 
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2
@@ -73,8 +77,82 @@ def side_input_entries(
   return entries
 
 
+class _Journaled(collections.defaultdict):
+  """A defaultdict that, while ``journal`` is a dict, remembers what each
+  key held when a bundle first touched it: (its value, its length), or
+  (None, 0) for a key it did not have.
+
+  Beam's servicer mutates state only in place (``self._state[key].append``,
+  ``del self._state[key]``, ``SortedSet.add/remove``), so the first touch
+  is enough to undo a bundle: truncate the list back, or put the old value
+  back. Costs one dict lookup per access, and nothing when not journaling.
+  """
+  def __init__(self, factory, snapshot=None):
+    super().__init__(factory)
+    self.journal: Optional[dict] = None
+    # How a value is saved on first touch: lists are truncated back on undo
+    # (no copy); anything else (the ordered list's SortedSets) is copied.
+    self._snapshot = snapshot
+
+  def _record(self, key) -> None:
+    journal = self.journal
+    if journal is not None and key not in journal:
+      if dict.__contains__(self, key):
+        value = dict.__getitem__(self, key)
+        journal[key] = (value, len(value) if self._snapshot is None
+                        else self._snapshot(value))
+      else:
+        journal[key] = (None, 0)
+
+  def __getitem__(self, key):
+    self._record(key)
+    return super().__getitem__(key)
+
+  def __delitem__(self, key):
+    self._record(key)
+    super().__delitem__(key)
+
+  def undo(self) -> None:
+    journal, self.journal = self.journal or {}, None
+    for key, (value, saved) in journal.items():
+      if value is None:
+        dict.pop(self, key, None)
+      elif self._snapshot is None:
+        del value[saved:]
+        dict.__setitem__(self, key, value)
+      else:
+        dict.__setitem__(self, key, saved)
+
+
 class TaskStateServicer(worker_handlers.StateServicer):
-  """Beam's servicer, plus the pages of large groups (``worker.paging``)."""
+  """Beam's servicer, plus the pages of large groups (``worker.paging``),
+  and bundles whose state writes can be undone (``begin_bundle``)."""
+  def __init__(self):
+    super().__init__()
+    self._state = _Journaled(list)
+    self._ordered_list_keys = _Journaled(
+        sortedcontainers.SortedSet, snapshot=sortedcontainers.SortedSet)
+
+  def begin_bundle(self) -> None:
+    """From now on, remember how to undo this bundle's state writes."""
+    with self._lock:
+      self._state.journal = {}
+      self._ordered_list_keys.journal = {}
+
+  def commit_bundle(self) -> None:
+    """Keeps the bundle's writes."""
+    with self._lock:
+      self._state.journal = None
+      self._ordered_list_keys.journal = None
+
+  def rollback_bundle(self) -> None:
+    """Undoes every state write since ``begin_bundle``: a bundle that failed
+    and will run again must not see its own earlier writes twice."""
+    with self._lock:
+      self._state.undo()
+      self._ordered_list_keys.undo()
+      self._continuations.clear()
+
   def get_raw(self, state_key, continuation_token=None):
     if (state_key.WhichOneof('type') == 'runner' and
         paging.is_paged_token(state_key.runner.key)):
