@@ -13,7 +13,9 @@ SdkHarness in this process, over real gRPC) whose state server is stopped
 before its first bundle, so that the harness's state connection is refused.
 """
 
+import contextlib
 import logging
+import time
 import uuid
 
 import apache_beam as beam
@@ -164,21 +166,23 @@ class RunningList(beam.DoFn):
     yield key, ' '.join(str(v) for v in sorted(seen.read()))
 
 
+STR = beam.coders.StrUtf8Coder()
+INT = VarIntCoder()
 INPUT = [('a', 1), ('b', 10), ('a', 2), ('a', 3), ('b', 20)]
 
 
 class _StatefulStage:
-  def __init__(self):
+  def __init__(self, environment=None):
     p = beam.Pipeline()
     _ = (
-        p | beam.Create(INPUT)
+        p | beam.Create(INPUT).with_output_types(tuple[str, int])
         | 'Running' >> beam.ParDo(RunningList()).with_output_types(
             tuple[str, str])
         | beam.GroupByKey())  # so that the stage has an output
     plan = plan_pipeline(
         p.to_runner_api(
-            default_environment=environments.EmbeddedPythonGrpcEnvironment.
-            default()))
+            default_environment=environment or
+            environments.EmbeddedPythonGrpcEnvironment.default()))
     (self.stage, ) = [
         s for s in plan.stages
         if s.kind == 'sdk' and any('Running' in n for n in s.transform_names)
@@ -189,17 +193,31 @@ class _StatefulStage:
     assert remote.is_remote(
         self.runtime.components.environments[self.stage.environment_id])
 
+  def _opaque(self, coder_id) -> bool:
+    """Whether the runner sees this KV's key and value as the SDK's bytes
+    (a harness that is not Python, as far as the runner knows)."""
+    kv = self.runtime.coder(coder_id).wrapped_value_coder
+    return isinstance(kv.coders()[0], beam.coders.BytesCoder)
+
   def inputs(self):
     (transform_id, ) = self.stage.inputs
-    impl = self.runtime.coder_impl(self.stage.input_coders[transform_id])
-    values = [WindowedValue(kv, 0, [GlobalWindow()]) for kv in INPUT]
+    coder_id = self.stage.input_coders[transform_id]
+    kvs = INPUT
+    if self._opaque(coder_id):
+      kvs = [(STR.encode(k), INT.encode(v)) for k, v in INPUT]
+    impl = self.runtime.coder_impl(coder_id)
+    values = [WindowedValue(kv, 0, [GlobalWindow()]) for kv in kvs]
     return [(transform_id, chunk) for chunk in encode_stream(impl, values)]
 
   def decode(self, outputs) -> list:
     values = []
     for transform_id, chunk in outputs:
-      impl = self.runtime.coder_impl(self.stage.output_coders[transform_id])
-      values.extend(wv.value for wv in decode_all(impl, [chunk]))
+      coder_id = self.stage.output_coders[transform_id]
+      impl = self.runtime.coder_impl(coder_id)
+      kvs = [wv.value for wv in decode_all(impl, [chunk])]
+      if self._opaque(coder_id):
+        kvs = [(STR.decode(k), STR.decode(v)) for k, v in kvs]
+      values.extend(kvs)
     return values
 
   def harness(self) -> remote.RemoteHarness:
@@ -266,7 +284,17 @@ def test_the_same_stage_on_a_working_harness_gives_the_same_output(
     remote.release_job(stage.job_id)
 
 
-# -- a failed task's Python worker stops its harnesses before it exits -------
+# -- harnesses are stopped before their Python worker goes ---------------------
+#
+# How a harness gets a channel that fails at once (reproduced with plain
+# gRPC): when its servers vanish with the process, the harness's open state
+# stream is retried by gRPC (Beam's retry policy for UNAVAILABLE), each
+# attempt a refused connection, and that connection's backoff is shared, in
+# gRPC's process-wide subchannel pool, by any later channel to the same
+# address: a later harness of this process (LOOPBACK runs them all here)
+# whose server was given the freed port fails its state stream at once, and
+# Beam keeps that error. A harness stopped before its servers go ends its
+# streams cleanly, and nothing retries.
 
 
 def fail_on_three(x):
@@ -282,23 +310,94 @@ def state_streams() -> set:
   return {t for t in threading.enumerate() if t.name == 'read_state'}
 
 
+@contextlib.contextmanager
+def failed_state_streams():
+  """Collects the errors state streams of this process end with."""
+  import threading
+  errors = []
+  saved = threading.excepthook
+
+  def hook(args):
+    if args.thread is not None and args.thread.name == 'read_state':
+      errors.append(args.exc_value)
+    else:
+      saved(args)
+
+  threading.excepthook = hook
+  try:
+    yield errors
+  finally:
+    threading.excepthook = saved
+
+
+def wait_until_ended(streams: set, timeout: float = 15.0) -> set:
+  deadline = time.monotonic() + timeout
+  while streams & state_streams() and time.monotonic() < deadline:
+    time.sleep(0.1)
+  return streams & state_streams()
+
+
 def test_a_failed_loopback_task_stops_its_harnesses_cleanly():
-  """PySpark ends a Python worker whose task failed with os._exit: no atexit
-  hook runs. A LOOPBACK harness whose servers vanish that way keeps its
-  state stream reconnecting to the dead port, and gRPC shares that
-  connection's backoff with a later harness whose server gets the same port
-  (its state reads then fail: the CI failure this file is about). The
-  failing task stops its harnesses first, so they end their streams."""
-  import time
+  """PySpark ends the Python worker of a failed task, with os._exit (no
+  atexit hook). The task stops its harnesses first."""
   from apache_beam.options.pipeline_options import PipelineOptions
   before = state_streams()
   options = PipelineOptions([
       '--runner=beam_pyspark.PySparkRunner', '--spark_master_url=local[2]',
       '--environment_type=LOOPBACK'])
-  with pytest.raises(Exception, match='three is cursed'):
-    with beam.Pipeline(options=options) as p:
-      _ = (p | beam.Create([1, 2, 3, 4]) | beam.Map(fail_on_three))
-  deadline = time.monotonic() + 15
-  while state_streams() - before and time.monotonic() < deadline:
-    time.sleep(0.1)
-  assert not state_streams() - before
+  with failed_state_streams() as errors:
+    # One stage, one task: the only harness this job starts is the failing
+    # task's (a harness of a task that succeeded may stay up, idle, until
+    # its job's release tasks reach its Python worker).
+    with pytest.raises(Exception, match='three is cursed'):
+      with beam.Pipeline(options=options) as p:
+        _ = (
+            p | beam.Impulse() | beam.FlatMap(lambda _: [1, 2, 3, 4])
+            | beam.Map(fail_on_three))
+    streams = state_streams() - before
+    assert not wait_until_ended(streams)
+  assert not errors
+
+
+def test_a_hung_up_python_worker_stops_its_harnesses_cleanly():
+  """When Spark stops, PySpark's daemon ends its Python workers with SIGHUP,
+  whose default action ends the process at once. A Python worker with
+  harnesses stops them first. Here the Python worker is this file run as a
+  script: it runs a stateful stage on a harness of a worker pool in this
+  process (as LOOPBACK's are), then waits for SIGHUP."""
+  import signal
+  import subprocess
+  import sys
+  from apache_beam.runners.worker import worker_pool_main
+  address, pool = worker_pool_main.BeamFnExternalWorkerPoolServicer.start()
+  before = state_streams()
+  worker = subprocess.Popen(
+      [sys.executable, __file__, address], stdout=subprocess.PIPE, text=True)
+  try:
+    with failed_state_streams() as errors:
+      assert worker.stdout.readline().strip() == 'ran the stage', worker.wait()
+      streams = state_streams() - before
+      assert streams  # the harness of the stage, alive and idle
+      worker.send_signal(signal.SIGHUP)
+      # It still dies of the signal, as PySpark expects...
+      assert worker.wait(timeout=30) == -signal.SIGHUP
+      # ... and its harness in this process ended its stream cleanly.
+      assert not wait_until_ended(streams)
+    assert not errors
+  finally:
+    if worker.poll() is None:
+      worker.kill()
+    pool.stop(None)
+
+
+if __name__ == '__main__':
+  # A Python worker for the test above: the stage's harness is started by
+  # the worker pool at sys.argv[1].
+  import sys
+  external = environments.ExternalEnvironment(sys.argv[1])
+  stage = _StatefulStage(external)
+  outputs = list(StageRunner(stage.job_id, stage.runtime, stage.stage).run(
+      stage.inputs()))
+  assert stage.decode(outputs) == EXPECTED
+  print('ran the stage', flush=True)
+  time.sleep(120)

@@ -461,6 +461,7 @@ def harness_for(
   for old in stale:
     old.shutdown()
   _ensure_reaper()
+  _stop_on_hangup()
   if harness is None:
     harness = RemoteHarness(
         job_id, environment_id, components, pipeline_options, state)
@@ -518,14 +519,16 @@ def _ensure_reaper() -> None:
 def stop_all(timeout: float = STOP_ALL_SECS) -> None:
   """Stops every harness of this Python worker, waiting at most ``timeout``.
 
-  For a task that failed: PySpark then ends its Python worker with
-  ``os._exit``, which runs no atexit hook, so this is the harnesses' last
-  chance to end their Fn API streams cleanly. Beam's harness whose control
-  stream breaks instead leaves its state and data streams reconnecting to
-  the dead ports; in a process of many harnesses (LOOPBACK's client), gRPC
-  shares that connection's backoff with a later harness whose server was
-  given the same port, and the later harness's state channel fails
-  ("failed to connect to all addresses").
+  For a Python worker about to go: PySpark ends the worker of a failed task
+  with ``os._exit`` (no atexit hook), and a stopping Spark ends its workers
+  with SIGHUP (``_stop_on_hangup``). Servers that vanish with the process
+  leave each harness's open state stream to gRPC's retries (Beam's policy
+  for UNAVAILABLE), refused connections whose backoff gRPC's process-wide
+  subchannel pool shares with any later channel to the same address: in a
+  process of many harnesses (LOOPBACK's client) a later harness whose
+  server got the freed port then fails its state stream at once ("failed
+  to connect to all addresses"), and Beam keeps that error. A harness
+  stopped first ends its streams cleanly.
   """
   with _lock:
     harnesses = list(_harnesses.values())
@@ -543,6 +546,30 @@ def stop_all(timeout: float = STOP_ALL_SECS) -> None:
       target=stop, name='beam-pyspark-harness-stop', daemon=True)
   stopper.start()
   stopper.join(timeout)
+
+
+_hangup_for_pid: Optional[int] = None
+
+
+def _stop_on_hangup() -> None:
+  """PySpark's daemon ends its Python workers with SIGHUP when Spark stops
+  (their default action: die at once). A worker with harnesses stops them
+  first (``stop_all``), then dies of the signal as it would have."""
+  global _hangup_for_pid
+  if _hangup_for_pid == os.getpid():
+    return
+  if threading.current_thread() is not threading.main_thread():
+    return  # only the main thread may set a handler; tasks run there
+  if signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, None):
+    return  # not PySpark's worker default: someone else's handler
+  _hangup_for_pid = os.getpid()
+
+  def on_hangup(signum, _frame):
+    stop_all(STOP_ALL_SECS / 2)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+  signal.signal(signal.SIGHUP, on_hangup)
 
 
 @atexit.register
