@@ -390,6 +390,34 @@ def test_a_hung_up_python_worker_stops_its_harnesses_cleanly():
     pool.stop(None)
 
 
+# -- each harness's servers under a loopback address of their own -----------
+
+
+def test_each_harness_serves_under_a_loopback_address_of_its_own():
+  """gRPC shares one connection, and its reconnect backoff, between the
+  channels of a process to the same address: a harness left with streams
+  to servers that went away (a killed Python worker) keeps them failing,
+  and a later harness of the same process (LOOPBACK's client) whose server
+  got one of those ports shared the failure. Under an address of its own
+  (127.x.y.z), a server's port is a new address even when reused."""
+  stage = _StatefulStage()
+  hosts = []
+  try:
+    for _ in range(2):
+      harness = stage.harness()
+      url = harness.handler.state_api_service_descriptor().url
+      assert url.startswith('127.') and not url.startswith('127.0.0.1:')
+      hosts.append(url.rsplit(':', 1)[0])
+      # The harness reaches its servers there: the stage runs.
+      outputs = list(StageRunner(stage.job_id, stage.runtime, stage.stage).run(
+          stage.inputs()))
+      assert stage.decode(outputs) == EXPECTED
+      remote.discard_harness(stage.job_id, stage.stage.environment_id)
+    assert hosts[0] != hosts[1]
+  finally:
+    remote.release_job(stage.job_id)
+
+
 if __name__ == '__main__':
   # A Python worker for the test above: the stage's harness is started by
   # the worker pool at sys.argv[1].

@@ -27,6 +27,7 @@ import os
 import random
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -179,6 +180,54 @@ def _unique_worker_ids() -> None:
           random.SystemRandom().randrange(1 << 40) * 1000)
 
 
+def _loopback_host(port: int) -> Optional[str]:
+  """An address of this host's loopback of its own for one harness's
+  servers: 127.x.y.z, reachable on Linux (lo holds 127.0.0.0/8), checked.
+
+  gRPC shares one connection (and its reconnect backoff) between all the
+  channels of a process to the same address. A harness whose servers went
+  away with their process (a killed Python worker) keeps retrying its open
+  streams to their ports; a later harness of the same process (LOOPBACK's
+  client runs them all) whose server was given one of those ports would
+  share that failing connection: its state stream fails at once, its
+  control channel may not get ready. Under an address of their own, a later
+  server's ports are new addresses even when the port numbers are not.
+  """
+  if not sys.platform.startswith('linux'):
+    return None
+  rand = random.SystemRandom()
+  host = '127.%d.%d.%d' % (
+      rand.randrange(256), rand.randrange(256), rand.randrange(1, 255))
+  try:
+    with socket.create_connection((host, port), timeout=1.0):
+      return host
+  except OSError:
+    return None
+
+
+_LOCAL_HOSTS = ('localhost', '127.0.0.1', '[::1]', '::1')
+
+
+def _host_from_worker(original):
+  def host_from_worker(self):
+    host = getattr(self._grpc_server, 'loopback_host', None)  # pylint: disable=protected-access
+    if host is not None:
+      payload = getattr(self, '_external_payload', None)
+      if payload is None or payload.endpoint.url.rsplit(
+          ':', 1)[0] in _LOCAL_HOSTS:
+        return host  # the harness runs on this host
+    return original(self)
+  return host_from_worker
+
+
+# Only servers our _Manager starts carry a loopback_host: Beam's own runners
+# in the same process are unaffected.
+for _cls in (worker_handlers.GrpcWorkerHandler,
+             worker_handlers.ExternalWorkerHandler):
+  if 'host_from_worker' in vars(_cls):
+    _cls.host_from_worker = _host_from_worker(vars(_cls)['host_from_worker'])
+
+
 class _Manager(worker_handlers.WorkerHandlerManager):
   """Beam's manager, with our state servicer, logging service and PROCESS."""
   def __init__(self, environments, provision_info, state):
@@ -192,6 +241,8 @@ class _Manager(worker_handlers.WorkerHandlerManager):
     with _patched(worker_handlers, 'BasicLoggingService', lambda: self.logs):
       self._grpc_server = worker_handlers.GrpcServer(
           self.state_servicer, self._job_provision_info, self)
+    self._grpc_server.loopback_host = _loopback_host(
+        self._grpc_server.control_port)
     if environment.urn == common_urns.environments.PROCESS.urn:
       handler = _ProcessWorkerHandler(
           beam_runner_api_pb2.ProcessPayload.FromString(environment.payload),
