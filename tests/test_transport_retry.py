@@ -92,7 +92,8 @@ def everything(servicer) -> dict:
 
 
 def a_task_with_state():
-  servicer = task_state([[(side_input().SerializeToString(), b'side!')]])
+  servicer = task_state([[(side_input().SerializeToString(), b'side!')]],
+                        journaled=True)
   servicer.append_raw(bag(b'a'), b'a1')
   servicer.append_raw(bag(b'a'), b'a2')
   servicer.append_raw(bag(b'b'), b'b1')

@@ -156,7 +156,7 @@ class StageRunner:
       split_input = splittable_input(self._descriptor)
       if split_input is not None:
         self._split = (split_input, after)
-    self._state = task_state(self.side_inputs)
+    self._state = task_state(self.side_inputs, journaled=self.stage.stateful)
     h.state.target = self._state
     try:
       pending: dict[str, list[bytes]] = {}

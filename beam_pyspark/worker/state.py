@@ -126,12 +126,15 @@ class _Journaled(collections.defaultdict):
 
 class TaskStateServicer(worker_handlers.StateServicer):
   """Beam's servicer, plus the pages of large groups (``worker.paging``),
-  and bundles whose state writes can be undone (``begin_bundle``)."""
-  def __init__(self):
+  and, if ``journaled`` (stateful stages), bundles whose state writes can
+  be undone (``begin_bundle``). Other stages keep Beam's plain dicts: their
+  side-input reads stay C-level lookups."""
+  def __init__(self, journaled: bool = False):
     super().__init__()
-    self._state = _Journaled(list)
-    self._ordered_list_keys = _Journaled(
-        sortedcontainers.SortedSet, snapshot=sortedcontainers.SortedSet)
+    if journaled:
+      self._state = _Journaled(list)
+      self._ordered_list_keys = _Journaled(
+          sortedcontainers.SortedSet, snapshot=sortedcontainers.SortedSet)
 
   def begin_bundle(self) -> None:
     """From now on, remember how to undo this bundle's state writes."""
@@ -160,9 +163,10 @@ class TaskStateServicer(worker_handlers.StateServicer):
     return super().get_raw(state_key, continuation_token)
 
 
-def task_state(entries: Iterable[StateEntries]) -> worker_handlers.StateServicer:
+def task_state(entries: Iterable[StateEntries],
+               journaled: bool = False) -> TaskStateServicer:
   """A fresh servicer for one task: side inputs loaded, user state empty."""
-  servicer = TaskStateServicer()
+  servicer = TaskStateServicer(journaled)
   for entry_list in entries:
     for key, data in entry_list:
       servicer.append_raw(beam_fn_api_pb2.StateKey.FromString(key), data)
