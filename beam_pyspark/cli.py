@@ -18,7 +18,7 @@ import threading
 # up). Nothing here uses gRPC across a fork. Read when grpc is imported.
 os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
 
-from beam_pyspark.spark.session import parse_conf  # pylint: disable=wrong-import-position
+from beam_pyspark.options import parse_conf  # pylint: disable=wrong-import-position
 
 
 def _job_server_parser(sub) -> None:

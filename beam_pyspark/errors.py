@@ -20,6 +20,15 @@ class UnsupportedPipelineError(BeamPySparkError, ValueError):
         '\nChange or remove these parts of the pipeline and submit again.')
 
 
+class InvalidOptionsError(BeamPySparkError, ValueError):
+  """Pipeline options the runner cannot take; lists every problem at once."""
+  def __init__(self, problems: list[str]):
+    self.problems = list(problems)
+    super().__init__(
+        'Invalid pipeline options for beam-pyspark:\n' +
+        '\n'.join(f'  - {p}' for p in self.problems))
+
+
 class PipelineExecutionError(BeamPySparkError, RuntimeError):
   """The pipeline failed while running; carries the user's traceback."""
 

@@ -1,16 +1,16 @@
-"""One run of a pipeline on Spark: the engine behind the runner and the
-job server alike.
+"""One run of a pipeline: the job lifecycle behind the runner and the job
+server alike.
 
-``PipelineExecution`` validates and plans the pipeline, then runs it on a
-background thread; it records its state history and messages, can be
-cancelled, and holds the merged metrics when done.  The job service is
-handed this (through an executor function) and never touches Spark itself.
+``PipelineExecution`` validates and plans the pipeline, chooses its engine
+(``engine.py``: batch on Spark today) and runs it on a background thread;
+it records its state history and messages, can be cancelled, and reports
+the engine's metrics, live while the job runs.  The job service is handed
+this (through an executor function) and never touches Spark itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -18,82 +18,25 @@ import traceback
 import uuid
 from typing import Callable
 from typing import Optional
-from typing import Union
 
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.engine import check_engine
+from beam_pyspark.engine import create_engine
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
 
 _LOGGER = logging.getLogger(__name__)
-
-def parse_level(value: Union[None, int, str], default: int = logging.INFO) -> int:
-  """A logging level from Beam's ``--default_sdk_harness_log_level`` forms.
-
-  Raises ValueError naming the accepted forms.
-  """
-  if value is None or value == '':
-    return default
-  if isinstance(value, int):
-    return value
-  text = str(value).strip()
-  if text.lstrip('-').isdigit():
-    return int(text)
-  level = logging.getLevelName(text.upper())
-  if isinstance(level, int):
-    return level
-  raise ValueError(
-      f'Unknown log level {value!r}: use a level name (DEBUG, INFO, WARNING, '
-      'ERROR, CRITICAL) or a number.')
-
 
 JobState = beam_job_api_pb2.JobState
 TERMINAL_STATES = frozenset([
     JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.DRAINED,
     JobState.UPDATED
 ])
-
-
-@dataclasses.dataclass
-class SparkSettings:
-  master: Optional[str] = None  # None: the active context, else local[*]
-  conf: dict = dataclasses.field(default_factory=dict)
-  parallelism: Optional[int] = None
-  # Plan the job drained (PySparkRunnerOptions.drain).
-  drain: bool = False
-  # Beam's --default_sdk_harness_log_level / --sdk_harness_log_level_overrides:
-  # what executors forward of the logs written while stages run.
-  log_level: int = logging.INFO
-  log_overrides: Optional[dict] = None
-  # The job's pipeline options as the Job API carries them, handed to SDK
-  # harnesses that run in their own processes.
-  job_options: Optional[dict] = None
-
-  @classmethod
-  def from_job_options(
-      cls, options: dict, master: Optional[str] = None,
-      conf: Optional[dict] = None) -> 'SparkSettings':
-    """From a job's pipeline options as the Job API carries them
-    (``beam:option:NAME:v1`` keys). Raises ValueError for a bad value."""
-    def opt(name):
-      return options.get(f'beam:option:{name}:v1')
-
-    parallelism = opt('spark_parallelism')
-    overrides = opt('sdk_harness_log_level_overrides')
-    if isinstance(overrides, str):
-      overrides = json.loads(overrides)
-    return cls(
-        master=master,
-        conf=dict(conf or {}),
-        parallelism=int(parallelism) if parallelism else None,
-        drain=opt('drain') in (True, 'true', 'True'),
-        log_level=parse_level(opt('default_sdk_harness_log_level')),
-        log_overrides={k: parse_level(v) for k, v in (overrides or {}).items()}
-        or None,
-        job_options=dict(options))
 
 
 @dataclasses.dataclass
@@ -107,11 +50,11 @@ class PipelineExecution:
   def __init__(
       self,
       pipeline: beam_runner_api_pb2.Pipeline,
-      settings: Optional[SparkSettings] = None,
+      options: Optional[RunnerOptions] = None,
       job_id: Optional[str] = None,
       listener: Optional[Callable[[object], None]] = None):
     self.pipeline = pipeline
-    self.settings = settings or SparkSettings()
+    self.options = options or RunnerOptions()
     self.job_id = job_id or 'job-' + uuid.uuid4().hex[:12]
     self._listener = listener
     self._lock = threading.Lock()
@@ -120,9 +63,8 @@ class PipelineExecution:
     self.state_history: list[tuple[float, int]] = []
     self.messages: list[Message] = []
     self.error: Optional[str] = None
-    self.committed_metrics = []
-    self.attempted_metrics = []
-    self._spark_job = None
+    self._final_metrics: Optional[tuple[list, list]] = None
+    self._engine = None
     self._cancel_requested = False
     self._thread: Optional[threading.Thread] = None
     self._set_state(JobState.STOPPED)
@@ -132,6 +74,7 @@ class PipelineExecution:
   def validate(self) -> None:
     """Raises UnsupportedPipelineError listing everything we cannot run."""
     check_supported(self.pipeline)
+    check_engine(self.pipeline, self.options)
 
   def start(self) -> None:
     self.validate()
@@ -145,10 +88,10 @@ class PipelineExecution:
       if self._state in TERMINAL_STATES:
         return
       self._cancel_requested = True
-      spark_job = self._spark_job
+      engine = self._engine
     self._set_state(JobState.CANCELLING)
-    if spark_job is not None:
-      spark_job.cancel()
+    if engine is not None:
+      engine.cancel()
 
   def wait(self, timeout: Optional[float] = None) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -159,6 +102,22 @@ class PipelineExecution:
           break
         self._done.wait(remaining)
       return self._state
+
+  @property
+  def committed_metrics(self) -> list:
+    """The job's committed metrics: so far while it runs, final after."""
+    return self._metrics()[0]
+
+  @property
+  def attempted_metrics(self) -> list:
+    return self._metrics()[1]
+
+  def _metrics(self) -> tuple[list, list]:
+    with self._lock:
+      final, engine = self._final_metrics, self._engine
+    if final is not None:
+      return final
+    return engine.metrics() if engine is not None else ([], [])
 
   @property
   def state(self) -> int:
@@ -188,35 +147,28 @@ class PipelineExecution:
       self._listener(('message', msg))
 
   def _run(self) -> None:
-    from beam_pyspark.spark.session import spark_context
-    from beam_pyspark.spark.translate import SparkJobOptions
-    from beam_pyspark.spark.translate import SparkPipelineJob
+    engine = None
     try:
-      plan = plan_pipeline(self.pipeline, drain=self.settings.drain)
-      sc = spark_context(self.settings.master, self.settings.conf)
-      job = SparkPipelineJob(
-          sc, plan, self.job_id,
-          SparkJobOptions(
-              parallelism=self.settings.parallelism,
-              log_level=self.settings.log_level,
-              log_overrides=self.settings.log_overrides,
-              pipeline_options=self.settings.job_options),
-          log=self.message)
+      plan = plan_pipeline(self.pipeline, drain=self.options.drain)
+      kind = check_engine(self.pipeline, self.options)
+      engine = create_engine(kind, plan, self.job_id, self.options,
+                             self.message)
       with self._lock:
-        self._spark_job = job
+        self._engine = engine
         cancelled = self._cancel_requested
       if cancelled:
         raise JobCancelledError(self.job_id)
       self._set_state(JobState.RUNNING)
       self.message(
           f'Running job {self.job_id}: {len(plan.stages)} stages on '
-          f'Spark {sc.master}')
+          f'{engine.describe()}')
       started = time.monotonic()
       try:
-        job.run()
+        engine.run()
       finally:
-        self.committed_metrics = job.metrics.committed()
-        self.attempted_metrics = job.metrics.attempted()
+        final = engine.metrics()
+        with self._lock:
+          self._final_metrics = final
       self.message(
           f'Job {self.job_id} finished in {time.monotonic() - started:.1f}s')
       self._set_state(JobState.DONE)

@@ -1,10 +1,34 @@
-"""Pipeline options of the runner.
+"""The runner's options: declared once, converted once, typed.
 
-The Spark master is Beam's own ``--spark_master_url`` (SparkRunnerOptions);
-we add only what Beam lacks.
+Beam carries a job's options in two forms: ``PipelineOptions`` in the
+submitting program (``PySparkRunner``) and a dict of ``beam:option:NAME:v1``
+keys in the Job API (the job server). Both are turned into one
+``RunnerOptions`` here, once per job, and that object is what the engine,
+the Spark translation and the executors read; nothing else reads an option
+by its key. The Spark master is Beam's own ``--spark_master_url``
+(SparkRunnerOptions); ``PySparkRunnerOptions`` adds only what Beam lacks.
 """
 
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import logging
+from typing import Any
+from typing import Iterable
+from typing import Optional
+from typing import Union
+
 from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_pyspark.errors import BeamPySparkError
+
+DEFAULT_SPLIT_AFTER_SECS = 10.0
+DEFAULT_BUNDLE_BYTES = 32 << 20
+# SparkRunnerOptions.spark_master_url's default in Beam.
+BEAM_DEFAULT_MASTER = 'local[4]'
 
 
 class PySparkRunnerOptions(PipelineOptions):
@@ -46,3 +70,229 @@ class PySparkRunnerOptions(PipelineOptions):
         help='Memory a GroupByKey reduce task groups records in before it '
         'spills sorted runs to local disk (default: half of '
         'spark.python.worker.memory, which defaults to 512m).')
+
+
+# Beam's own option that this runner reads, next to ours.
+_SPARK_MASTER_HELP = (
+    'Spark master URL, e.g. local[4] or spark://HOST:7077 (Beam\'s '
+    'SparkRunnerOptions). PySparkRunner: the user\'s running SparkContext, '
+    'else local[*], when unset. The job server ignores it: every job runs on '
+    'the server\'s own Spark application (its --spark-master-url).')
+
+# Options a job server cannot honour per job, and why (said at Prepare).
+JOB_SERVER_IGNORES = {
+    'spark_master_url':
+        'the job server runs every job on its own Spark application; start '
+        'the server with --spark-master-url to choose the master',
+    'spark_conf':
+        'Spark settings apply when a SparkContext starts, and the job '
+        'server\'s is shared by all its jobs; start the server with '
+        '--spark-conf KEY=VALUE instead',
+}
+
+
+def parse_level(value: Union[None, int, str], default: int = logging.INFO) -> int:
+  """A logging level from Beam's ``--default_sdk_harness_log_level`` forms.
+
+  Raises ValueError naming the accepted forms.
+  """
+  if value is None or value == '':
+    return default
+  if isinstance(value, int):
+    return value
+  text = str(value).strip()
+  if text.lstrip('-').isdigit():
+    return int(text)
+  level = logging.getLevelName(text.upper())
+  if isinstance(level, int):
+    return level
+  raise ValueError(
+      f'Unknown log level {value!r}: use a level name (DEBUG, INFO, WARNING, '
+      'ERROR, CRITICAL) or a number.')
+
+
+def parse_conf(pairs: Optional[Iterable[str]]) -> dict:
+  """``KEY=VALUE`` strings (from flags) into a dict, with a clear error."""
+  conf = {}
+  for pair in pairs or ():
+    if '=' not in pair:
+      raise BeamPySparkError(
+          f'Spark setting {pair!r} is not of the form KEY=VALUE, '
+          'e.g. spark.executor.memory=2g')
+    key, value = pair.split('=', 1)
+    conf[key.strip()] = value
+  return conf
+
+
+def _flag(value: Any) -> bool:
+  return value in (True, 'true', 'True', 1, '1')
+
+
+def _optional_int(value: Any) -> Optional[int]:
+  return None if value in (None, '') else int(value)
+
+
+@dataclasses.dataclass
+class RunnerOptions:
+  """Everything the engine reads of a job's options, typed."""
+  master: Optional[str] = None  # None: the active context, else local[*]
+  conf: dict = dataclasses.field(default_factory=dict)
+  parallelism: Optional[int] = None  # None: the context's parallelism
+  # Plan the job drained (PySparkRunnerOptions.drain).
+  drain: bool = False
+  # Beam's --streaming.
+  streaming: bool = False
+  # Beam's --default_sdk_harness_log_level / --sdk_harness_log_level_overrides:
+  # what executors forward of the logs written while stages run.
+  log_level: int = logging.INFO
+  log_overrides: Optional[dict] = None
+  # 0: the runner never splits straggling splittable bundles.
+  split_stragglers_after_secs: float = DEFAULT_SPLIT_AFTER_SECS
+  # None: half of spark.python.worker.memory (spark.translate.group_budget).
+  group_memory_mb: Optional[int] = None
+  bundle_bytes: int = DEFAULT_BUNDLE_BYTES
+  # The job's pipeline options as the Job API carries them, handed as they
+  # are to SDK harnesses that run in their own processes.
+  job_options: Optional[dict] = None
+
+  @classmethod
+  def from_job_options(
+      cls, options: dict, master: Optional[str] = None,
+      conf: Optional[dict] = None) -> 'RunnerOptions':
+    """From a job's options as the Job API carries them (``beam:option:NAME:v1``
+    keys). ``master`` and ``conf`` are the job server's own: per-job ones
+    are ignored (``JOB_SERVER_IGNORES``). Raises ValueError for a bad value.
+    """
+    def opt(name):
+      return options.get(f'beam:option:{name}:v1')
+
+    overrides = opt('sdk_harness_log_level_overrides')
+    if isinstance(overrides, str):
+      overrides = json.loads(overrides)
+    split = opt('split_stragglers_after_secs')
+    return cls(
+        master=master,
+        conf=dict(conf or {}),
+        parallelism=_optional_int(opt('spark_parallelism')),
+        drain=_flag(opt('drain')),
+        streaming=_flag(opt('streaming')),
+        log_level=parse_level(opt('default_sdk_harness_log_level')),
+        log_overrides={k: parse_level(v) for k, v in (overrides or {}).items()}
+        or None,
+        split_stragglers_after_secs=(
+            DEFAULT_SPLIT_AFTER_SECS if split in (None, '') else float(split)),
+        group_memory_mb=_optional_int(opt('group_memory_mb')),
+        job_options=dict(options))
+
+  @classmethod
+  def from_pipeline_options(cls, options: PipelineOptions) -> 'RunnerOptions':
+    """From ``PipelineOptions``; the master only if it was set explicitly
+    (Beam's default master must not replace a user's running Spark)."""
+    from apache_beam.options import pipeline_options as po
+    explicit = options.get_all_options(drop_default=True)
+    ours = options.view_as(PySparkRunnerOptions)
+    worker = options.view_as(po.WorkerOptions)
+    split = ours.split_stragglers_after_secs
+    return cls(
+        master=explicit.get('spark_master_url'),
+        conf=parse_conf(ours.spark_conf),
+        parallelism=ours.spark_parallelism,
+        drain=bool(ours.drain),
+        streaming=bool(options.view_as(po.StandardOptions).streaming),
+        log_level=parse_level(worker.default_sdk_harness_log_level),
+        log_overrides={
+            name: parse_level(level) for name, level in
+            (worker.sdk_harness_log_level_overrides or {}).items()} or None,
+        split_stragglers_after_secs=(
+            DEFAULT_SPLIT_AFTER_SECS if split is None else float(split)),
+        group_memory_mb=ours.group_memory_mb,
+        job_options={
+            f'beam:option:{name}:v1': value
+            for name, value in options.get_all_options(
+                retain_unknown_options=True).items() if value is not None})
+
+
+# -- describing and checking options ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionInfo:
+  name: str
+  kind: str  # 'string', 'integer', 'number', 'boolean', 'array'
+  description: str
+  default: Any = None
+
+
+def _kind(action: argparse.Action) -> str:
+  if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):  # pylint: disable=protected-access
+    return 'boolean'
+  if isinstance(action, argparse._AppendAction):  # pylint: disable=protected-access
+    return 'array'
+  return {int: 'integer', float: 'number'}.get(action.type, 'string')
+
+
+def runner_options() -> list[OptionInfo]:
+  """Every option this runner reads, Beam's ``spark_master_url`` first."""
+  parser = argparse.ArgumentParser(add_help=False)
+  PySparkRunnerOptions._add_argparse_args(parser)  # pylint: disable=protected-access
+  infos = [OptionInfo('spark_master_url', 'string', _SPARK_MASTER_HELP)]
+  for action in parser._actions:  # pylint: disable=protected-access
+    infos.append(
+        OptionInfo(action.dest, _kind(action), action.help or '',
+                   action.default))
+  return infos
+
+
+def misspelled_options(names: Iterable[str]) -> list[str]:
+  """For option names that look like a misspelling of one of ours, what to
+  write instead. Beam drops an option it does not know with a warning only,
+  so ``--spark_master=...`` would run the job on the default master."""
+  ours = [info.name for info in runner_options()]
+  problems = []
+  for name in names:
+    if name in ours:
+      continue
+    normal = name.lstrip('-').replace('-', '_').lower()
+    close = ([normal] if normal in ours else
+             difflib.get_close_matches(normal, ours, n=1, cutoff=0.8))
+    if not close and normal.startswith('spark'):
+      close = [o for o in ours if o.startswith(normal) or normal.startswith(o)]
+    if close:
+      problems.append(
+          f'--{name} is not an option of this runner (Beam would silently '
+          f'drop it): did you mean --{close[0]}?')
+  return problems
+
+
+def unknown_option_names(options: PipelineOptions) -> list[str]:
+  """Names given on the command line that no registered option declares.
+
+  Read from the flags as given: Beam's own parse of unknown options turns
+  ``--spark-master-url`` into ``spark_master_url``, hiding that the flag
+  itself was dropped.
+  """
+  known = options.get_all_options()
+  names = []
+  for flag in getattr(options, '_flags', None) or ():
+    if not flag.startswith('--'):
+      continue
+    name = flag[2:].split('=', 1)[0]
+    if name and name not in known:
+      names.append(name)
+  return names
+
+
+def ignored_by_job_server(job_options: dict, server_master: str) -> list[str]:
+  """Which of a job's options a job server does not honour, and why."""
+  notes = []
+  for name, why in JOB_SERVER_IGNORES.items():
+    value = job_options.get(f'beam:option:{name}:v1')
+    if value in (None, '', []):
+      continue
+    # Beam's client sends every option with its default, and Beam's
+    # default master (local[4]) says nothing about what the user wanted.
+    if name == 'spark_master_url' and value in (server_master,
+                                                 BEAM_DEFAULT_MASTER):
+      continue
+    notes.append(f'--{name}={value} is ignored: {why}.')
+  return notes

@@ -14,15 +14,15 @@ from apache_beam.runners.portability.fn_api_runner.fn_runner import (
     group_by_key_input_visitor)
 from apache_beam.transforms import environments
 
+from beam_pyspark.errors import InvalidOptionsError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.execution import PipelineExecution
-from beam_pyspark.execution import SparkSettings
-from beam_pyspark.execution import parse_level
 from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.metrics import PipelineMetrics
-from beam_pyspark.options import PySparkRunnerOptions
+from beam_pyspark.options import RunnerOptions
+from beam_pyspark.options import misspelled_options
+from beam_pyspark.options import unknown_option_names
 from beam_pyspark.sdk_dependencies import StagedDependencies
-from beam_pyspark.spark.session import parse_conf
 from beam_pyspark.spark.session import spark_context
 
 _LOGGER = logging.getLogger(__name__)
@@ -38,31 +38,16 @@ _STATES = {
 }
 
 
-def spark_settings(options: pipeline_options.PipelineOptions) -> SparkSettings:
-  """Spark settings from pipeline options; the master only if it was set."""
-  explicit = options.get_all_options(drop_default=True)
-  master = explicit.get('spark_master_url')
-  ours = options.view_as(PySparkRunnerOptions)
-  worker = options.view_as(pipeline_options.WorkerOptions)
-  return SparkSettings(
-      master=master,
-      conf=parse_conf(ours.spark_conf),
-      parallelism=ours.spark_parallelism,
-      drain=bool(ours.drain),
-      log_level=parse_level(worker.default_sdk_harness_log_level),
-      log_overrides={
-          name: parse_level(level) for name, level in
-          (worker.sdk_harness_log_level_overrides or {}).items()} or None,
-      job_options={
-          f'beam:option:{name}:v1': value
-          for name, value in options.get_all_options(
-              retain_unknown_options=True).items() if value is not None})
-
-
 class PySparkRunner(runner.PipelineRunner):
   """Runs pipelines on Spark, with Beam's Python harness inside executors."""
   def run_pipeline(self, pipeline, options):
     RuntimeValueProvider.set_runtime_options({})
+    # Before anything is built or started: Beam drops an option it does not
+    # know with a warning, and a misspelled master would run the job on
+    # the default one.
+    problems = misspelled_options(unknown_option_names(options))
+    if problems:
+      raise InvalidOptionsError(problems)
     debug = options.view_as(pipeline_options.DebugOptions)
     experiments = debug.experiments or []
     if 'beam_fn_api' not in experiments:
@@ -101,8 +86,8 @@ class PySparkRunner(runner.PipelineRunner):
       from apache_beam.runners.worker import worker_pool_main
       # Start Spark (it forks its JVM launcher) before the worker pool's
       # gRPC server runs: a fork under running gRPC threads can fail.
-      settings = spark_settings(options)
-      spark_context(settings.master, settings.conf)
+      runner_options = RunnerOptions.from_pipeline_options(options)
+      spark_context(runner_options.master, runner_options.conf)
       address, server = (
           worker_pool_main.BeamFnExternalWorkerPoolServicer.start(
               state_cache_size=0, use_process=False))
@@ -113,7 +98,8 @@ class PySparkRunner(runner.PipelineRunner):
 
   def run_portable_pipeline(self, pipeline, options):
     execution = PipelineExecution(
-        pipeline, spark_settings(options), listener=_log_messages)
+        pipeline, RunnerOptions.from_pipeline_options(options),
+        listener=_log_messages)
     execution.start()  # raises UnsupportedPipelineError before running
     return PySparkPipelineResult(execution)
 

@@ -10,7 +10,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
 
 from beam_pyspark.errors import UnsupportedPipelineError
-from beam_pyspark.runner import spark_settings
+from beam_pyspark.options import RunnerOptions
 
 OURS = ['--runner=beam_pyspark.PySparkRunner', '--spark_master_url=local[2]']
 
@@ -75,14 +75,14 @@ def test_unsupported_pipeline_is_refused_before_running():
 
 
 def test_spark_options():
-  settings = spark_settings(PipelineOptions([
+  settings = RunnerOptions.from_pipeline_options(PipelineOptions([
       '--spark_master_url=local[3]', '--spark_conf', 'spark.a=1',
       '--spark_conf=spark.b=x=y'
   ]))
   assert settings.master == 'local[3]'
   assert settings.conf == {'spark.a': '1', 'spark.b': 'x=y'}
   # Beam's default master is not forced on a user's running Spark.
-  assert spark_settings(PipelineOptions([])).master is None
+  assert RunnerOptions.from_pipeline_options(PipelineOptions([])).master is None
 
 
 def test_executor_logs_reach_the_client_log(client_log):

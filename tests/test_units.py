@@ -80,8 +80,8 @@ def test_committed_keeps_one_report_per_partition():
 
 def test_settings_from_job_options():
   import logging
-  from beam_pyspark.execution import SparkSettings
-  s = SparkSettings.from_job_options({
+  from beam_pyspark.options import RunnerOptions
+  s = RunnerOptions.from_job_options({
       'beam:option:spark_parallelism:v1': '7',
       'beam:option:drain:v1': True,
       'beam:option:default_sdk_harness_log_level:v1': 'warning',
@@ -92,7 +92,7 @@ def test_settings_from_job_options():
   assert s.log_level == logging.WARNING
   assert s.log_overrides == {'noisy': logging.ERROR}
   assert s.job_options['beam:option:spark_parallelism:v1'] == '7'
-  defaults = SparkSettings.from_job_options({})
+  defaults = RunnerOptions.from_job_options({})
   assert (defaults.drain, defaults.log_level, defaults.log_overrides) == (
       False, logging.INFO, None)
 
@@ -100,7 +100,7 @@ def test_settings_from_job_options():
 def test_parse_level_names_numbers_and_errors():
   import logging
   import pytest
-  from beam_pyspark.execution import parse_level
+  from beam_pyspark.options import parse_level
   assert parse_level('DEBUG') == logging.DEBUG
   assert parse_level('15') == 15
   assert parse_level(None) == logging.INFO
@@ -110,8 +110,8 @@ def test_parse_level_names_numbers_and_errors():
 
 def test_runner_options_reach_settings():
   from apache_beam.options.pipeline_options import PipelineOptions
-  from beam_pyspark.runner import spark_settings
-  s = spark_settings(PipelineOptions([
+  from beam_pyspark.options import RunnerOptions
+  s = RunnerOptions.from_pipeline_options(PipelineOptions([
       '--drain', '--default_sdk_harness_log_level=ERROR',
       '--split_stragglers_after_secs=3']))
   assert s.drain is True
@@ -168,7 +168,7 @@ def test_splittable_input_finds_the_sdf_read():
 
 
 def test_memory_failures_name_the_memory_caps():
-  from beam_pyspark.spark.translate import memory_hint
+  from beam_pyspark.spark.failures import memory_hint
   conf = {'spark.executor.pyspark.memory': '1g',
           'spark.python.worker.memory': '256m'}
   hint = memory_hint(

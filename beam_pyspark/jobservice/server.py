@@ -88,12 +88,12 @@ def _lock_artifacts_dir(root: str):
 def spark_invoke(config: JobServerConfig):
   """The executor handed to the job service: our one engine."""
   from beam_pyspark.execution import PipelineExecution
-  from beam_pyspark.execution import SparkSettings
+  from beam_pyspark.options import RunnerOptions
 
   def invoke(job_id, pipeline, options, listener):
-    settings = SparkSettings.from_job_options(
+    runner_options = RunnerOptions.from_job_options(
         options, master=config.spark_master_url, conf=config.spark_conf)
-    return PipelineExecution(pipeline, settings, job_id, listener)
+    return PipelineExecution(pipeline, runner_options, job_id, listener)
 
   return invoke
 

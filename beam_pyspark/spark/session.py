@@ -76,16 +76,3 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
   session.sparkContext.setLogLevel('WARN')
   _LOGGER.info('Started Spark %s on %s', session.version, master)
   return session.sparkContext
-
-
-def parse_conf(pairs) -> dict:
-  """``KEY=VALUE`` strings (from flags) into a dict, with a clear error."""
-  conf = {}
-  for pair in pairs or ():
-    if '=' not in pair:
-      raise BeamPySparkError(
-          f'Spark setting {pair!r} is not of the form KEY=VALUE, '
-          'e.g. spark.executor.memory=2g')
-    key, value = pair.split('=', 1)
-    conf[key.strip()] = value
-  return conf

@@ -20,7 +20,6 @@ outputs, is persisted so that Spark does not recompute it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from typing import Callable
@@ -36,17 +35,20 @@ from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.messages import importance_of
 from beam_pyspark.metrics import TaskMetrics
+from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark import tasks
 from beam_pyspark.spark.dependencies import ship_dependencies
+from beam_pyspark.spark.failures import group_budget
+from beam_pyspark.spark.failures import memory_hint
+from beam_pyspark.spark.failures import spark_failure_message
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
-from beam_pyspark.worker.bundles import split_after_secs
 from beam_pyspark.worker.bundles import splittable_input
 from beam_pyspark.worker.remote import is_remote
 from beam_pyspark.worker.runtime import JobRuntime
@@ -56,32 +58,33 @@ from beam_pyspark.worker.state import side_input_entries
 _LOGGER = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class SparkJobOptions:
-  parallelism: Optional[int] = None  # default: sc.defaultParallelism
-  bundle_bytes: int = 32 << 20
-  # What executors forward of the logs written while a stage runs.
-  log_level: int = logging.INFO
-  log_overrides: Optional[dict] = None
-  pipeline_options: Optional[dict] = None  # Job API form, for harnesses
+def create_batch_engine(plan: ExecutionPlan, job_id: str,
+                        options: RunnerOptions,
+                        log: Callable[..., None]) -> 'SparkPipelineJob':
+  """The batch engine (engine.ENGINES): the plan as Spark jobs on the
+  user's running SparkContext, or one started for ``options``."""
+  from beam_pyspark.spark.session import spark_context
+  sc = spark_context(options.master, options.conf)
+  return SparkPipelineJob(sc, plan, job_id, options, log)
 
 
 class SparkPipelineJob:
-  """Runs one plan on one SparkContext; cancellable from another thread."""
+  """Runs one plan on one SparkContext as a batch job (an engine.Engine);
+  cancellable, and its metrics readable, from another thread."""
   def __init__(
       self,
       sc,
       plan: ExecutionPlan,
       job_id: str,
-      options: Optional[SparkJobOptions] = None,
+      options: Optional[RunnerOptions] = None,
       log: Callable[..., None] = None):
     self.sc = sc
     self.plan = plan
     self.job_id = job_id
-    self.options = options or SparkJobOptions()
+    self.options = options or RunnerOptions()
     # log(text, importance): the job's message stream.
     self.log = log or _log_to_python
-    self.metrics = TaskMetrics()
+    self._ctx = None
     self._cancelled = threading.Event()
     self._runtime = JobRuntime(job_id, plan.components)
     self._parallelism = self.options.parallelism or max(
@@ -95,7 +98,7 @@ class SparkPipelineJob:
     self._side_buffer_ids = {
         si.buffer_id for s in plan.stages for si in s.side_inputs}
     self._broadcasts: list = []
-    self._group_budget = group_budget(sc, self.options.pipeline_options)
+    self._group_budget = group_budget(sc, self.options.group_memory_mb)
     self._remote_envs = {
         env_id for env_id, env in self._runtime.components.environments.items()
         if is_remote(env)}
@@ -116,7 +119,7 @@ class SparkPipelineJob:
         logs=sc.accumulator([], tasks.ListAccumulator()),
         log_level=self.options.log_level,
         log_overrides=self.options.log_overrides,
-        pipeline_options=self.options.pipeline_options)
+        pipeline_options=self.options.job_options)
     self._logs_forwarded = 0
     try:
       self._ctx.dependencies = ship_dependencies(sc, self.plan, self.log)
@@ -132,7 +135,6 @@ class SparkPipelineJob:
       self._check_cancelled()
       if terminal:
         self._action(lambda: sc.union(terminal).foreach(tasks.consume))
-      self.metrics.add(self._ctx.metrics.value)
     finally:
       self._forward_logs()
       self._release_harnesses()
@@ -150,6 +152,22 @@ class SparkPipelineJob:
   def cancel(self) -> None:
     self._cancelled.set()
     self.sc.cancelJobGroup(self.job_id)
+
+  def metrics(self) -> tuple[list, list]:
+    """(committed, attempted) so far: the reports of every task finished.
+
+    Spark merges a task's accumulator updates on the driver when the task
+    ends, so this grows while the job runs.
+    """
+    ctx = self._ctx
+    if ctx is None:
+      return [], []
+    merged = TaskMetrics()
+    merged.add(list(ctx.metrics.value))
+    return merged.committed(), merged.attempted()
+
+  def describe(self) -> str:
+    return f'Spark {self.sc.master}'
 
   def _release_harnesses(self) -> None:
     """Best effort: stop the job's harness processes when the job ends.
@@ -232,7 +250,7 @@ class SparkPipelineJob:
     """A splittable stage in its own harness: the runner may split it."""
     if stage.stateful or stage.environment_id not in self._remote_envs:
       return False
-    if split_after_secs(self.options.pipeline_options) <= 0:
+    if self.options.split_stragglers_after_secs <= 0:
       return False
     return splittable_input(
         beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
@@ -409,67 +427,6 @@ class SparkPipelineJob:
       self.log(text, importance_of(level))
 
 
-GROUP_MEMORY_OPTION = 'beam:option:group_memory_mb:v1'
-
-
-def group_budget(sc, pipeline_options: Optional[dict] = None) -> int:
-  """Bytes a reduce task groups in memory before spilling sorted runs.
-
-  ``--group_memory_mb``, else half of ``spark.python.worker.memory``
-  (PySpark's own spill point for its Python-side aggregation, default
-  512m): the rest is the worker's Beam, its harness and the bundle in
-  flight.
-  """
-  value = (pipeline_options or {}).get(GROUP_MEMORY_OPTION)
-  if value not in (None, ''):
-    return max(1, int(value)) << 20
-  from pyspark.rdd import _parse_memory  # MiB
-  conf = sc.getConf().get('spark.python.worker.memory', '512m')
-  return max(16, _parse_memory(conf) // 2) << 20
-
-
 def _log_to_python(text: str, importance: int = (
     beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_BASIC)) -> None:
   _LOGGER.log(PYTHON_LEVELS.get(importance, logging.INFO), '%s', text)
-
-
-_MEMORY_SIGNS = ('MemoryError', 'Python worker exited unexpectedly',
-                 'java.lang.OutOfMemoryError', 'Cannot allocate memory')
-
-
-def memory_hint(error: str, conf) -> str:
-  """For a failure that looks like memory: the caps it ran under."""
-  if not any(sign in error for sign in _MEMORY_SIGNS):
-    return ''
-  settings = []
-  for key in ('spark.executor.pyspark.memory', 'spark.python.worker.memory',
-              'spark.executor.memory', 'spark.driver.memory'):
-    value = conf.get(key, None)
-    if value:
-      settings.append(f'{key}={value}')
-  caps = ', '.join(settings) or 'no explicit memory settings'
-  return (
-      'This looks like a worker running out of memory (a Python worker '
-      f'that crashes is often killed at its memory cap). Ran with {caps}. '
-      'Raise spark.executor.pyspark.memory (the Python worker cap) or '
-      'spark.executor.memory, or use more, smaller partitions '
-      '(--spark_parallelism); a DoFn that builds large in-memory '
-      'collections per element needs room for them.')
-
-
-def spark_failure_message(exn: BaseException) -> str:
-  """The Python part of a failed Spark job's error: the user's traceback."""
-  text = str(exn)
-  start = text.find('Traceback (most recent call last)')
-  if start < 0:
-    return text
-  end = text.find('\n\tat ', start)
-  python_part = text[start:end if end > 0 else len(text)].rstrip()
-  # A failure inside a stage: what follows the marker is the harness's error,
-  # which names the failing step and holds the user's traceback; PySpark's
-  # own frames before it are noise.
-  marker = PipelineExecutionError.__module__ + '.PipelineExecutionError: '
-  at = python_part.rfind(marker)
-  if at >= 0:
-    return python_part[at + len(marker):]
-  return python_part

@@ -1,0 +1,97 @@
+"""The boundary between a job's lifecycle and the engine that runs it.
+
+``execution.PipelineExecution`` owns a job's lifecycle (start, cancel,
+state); an ``Engine`` runs its plan. Which engine runs a job is chosen per
+job (``engine_kind``) from a registry keyed by kind, as Beam's worker
+handlers are chosen by environment URN: an unknown kind is an error, never
+a silent fallback to batch. Engines are imported lazily, so this module and
+its callers need no Spark.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+from typing import Protocol
+
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from beam_pyspark.errors import UnsupportedPipelineError
+from beam_pyspark.options import RunnerOptions
+
+BATCH = 'batch'
+STREAMING = 'streaming'
+
+# kind -> 'module:factory'; factory(plan, job_id, options, log) -> Engine.
+ENGINES: dict[str, str] = {
+    BATCH: 'beam_pyspark.spark.translate:create_batch_engine',
+}
+
+
+class Engine(Protocol):
+  """Runs one job's plan; cancellable and observable from other threads."""
+  def run(self) -> None:
+    """Blocks until the job is done; raises JobCancelledError when
+    cancelled and PipelineExecutionError (the user's error) on failure."""
+
+  def cancel(self) -> None:
+    """Asks the running job to stop; run() then raises JobCancelledError."""
+
+  def metrics(self) -> tuple[list, list]:
+    """(committed, attempted) MonitoringInfos so far: live while running."""
+
+  def describe(self) -> str:
+    """Where the job runs, for the job's messages (e.g. 'Spark local[2]')."""
+
+
+def unbounded_pcollections(pipeline: beam_runner_api_pb2.Pipeline) -> list[str]:
+  unbounded = beam_runner_api_pb2.IsBounded.UNBOUNDED
+  return sorted(
+      pcoll.unique_name or pcoll_id
+      for pcoll_id, pcoll in pipeline.components.pcollections.items()
+      if pcoll.is_bounded == unbounded)
+
+
+def engine_kind(pipeline: beam_runner_api_pb2.Pipeline,
+                options: RunnerOptions) -> str:
+  """Streaming for ``--streaming`` or an unbounded PCollection, else batch.
+
+  A drained job is batch whatever its sources: drain truncates unbounded
+  restrictions, so the job ends (Beam's FnApiRunner(is_drain) runs such
+  pipelines to completion too).
+  """
+  if options.drain:
+    return BATCH
+  if options.streaming or unbounded_pcollections(pipeline):
+    return STREAMING
+  return BATCH
+
+
+def check_engine(pipeline: beam_runner_api_pb2.Pipeline,
+                 options: RunnerOptions) -> str:
+  """The job's engine kind; UnsupportedPipelineError if none can run it."""
+  kind = engine_kind(pipeline, options)
+  if kind in ENGINES:
+    return kind
+  reasons = []
+  if kind == STREAMING:
+    unbounded = unbounded_pcollections(pipeline)
+    why = (
+        f'it has unbounded PCollections ({", ".join(unbounded[:5])}'
+        f'{", ..." if len(unbounded) > 5 else ""})' if unbounded else
+        'it was submitted with --streaming')
+    reasons.append(
+        f'The pipeline needs streaming execution: {why}. beam-pyspark runs '
+        'batch pipelines only in this version (its streaming engine is being '
+        'built). Run it without --streaming if its sources are bounded, or '
+        'with --drain to read what unbounded sources have now and stop.')
+  else:
+    reasons.append(f'No engine of kind {kind!r}; known: {sorted(ENGINES)}.')
+  raise UnsupportedPipelineError(reasons)
+
+
+def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,
+                  log: Callable[..., None]) -> Engine:
+  module_name, factory = ENGINES[kind].split(':')
+  return getattr(importlib.import_module(module_name), factory)(
+      plan, job_id, options, log)
