@@ -65,6 +65,10 @@ PHASES = (
 # builds its timer map when a timer endpoint is set (as FnApiRunner does).
 PLACEHOLDER_ENDPOINT = 'embedded'
 
+_SPLIT_URNS = frozenset([
+    common_urns.sdf_components.SPLIT_AND_SIZE_RESTRICTIONS.urn,
+    common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn,
+])
 SDF_CONSUMER_URNS = frozenset([
     common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn,
     common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn,
@@ -157,6 +161,23 @@ class ExecutionPlan:
     return result
 
 
+def _reshuffle_main_input(reshuffle, producers_by_pcoll) -> str:
+  """The PCollection a Reshuffle moves: its only input, or, for the one
+  expand_sdf inserts (which lists the ParDo's side inputs too), the sized
+  restrictions made by SplitAndSizeRestrictions."""
+  pcolls = list(reshuffle.inputs.values())
+  if len(pcolls) == 1:
+    return pcolls[0]
+  sized = [
+      p for p in pcolls if p in producers_by_pcoll and
+      producers_by_pcoll[p].spec.urn in _SPLIT_URNS]
+  if len(sized) != 1:
+    raise ValueError(
+        f'Reshuffle {reshuffle.unique_name!r} has {len(pcolls)} inputs and '
+        f'{len(sized)} of them are split restrictions; expected exactly one.')
+  return sized[0]
+
+
 def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False):
   """Runs Beam's fusion phases; returns (TransformContext, [Stage]).
 
@@ -183,9 +204,13 @@ def plan_pipeline(
 
   all_transforms = [t for s in stages for t in s.transforms]
   consumers_by_pcoll: dict[str, list] = {}
+  producers_by_pcoll: dict[str, object] = {}
   for t in all_transforms:
     for pcoll in t.inputs.values():
       consumers_by_pcoll.setdefault(pcoll, []).append(t)
+    if t.spec.urn != DATA_INPUT_URN:  # a fused stage's read of a buffer
+      for pcoll in t.outputs.values():
+        producers_by_pcoll[pcoll] = t
 
   stage_plans = []
   groups: dict[bytes, GroupSpec] = {}
@@ -193,10 +218,12 @@ def plan_pipeline(
     inputs, outputs, input_coders, output_coders = {}, {}, {}, {}
     transforms = {}
     reshuffle = None
+    input_pcolls = {}
     for t in stage.transforms:
       t = copy.deepcopy(t)
       if t.spec.urn == DATA_INPUT_URN:
         pcoll = tr.only_element(t.outputs.values())
+        input_pcolls[t.unique_name] = pcoll
         inputs[t.unique_name] = t.spec.payload
         input_coders[t.unique_name] = safe_coder(channel[pcoll])
         port_coder = channel[pcoll]
@@ -236,6 +263,15 @@ def plan_pipeline(
       continue
 
     if reshuffle is not None:
+      main = _reshuffle_main_input(reshuffle, producers_by_pcoll)
+      # Beam's expand_sdf gives the Reshuffle between splitting and
+      # processing restrictions all the splittable ParDo's inputs, its side
+      # inputs too; fusion makes each a data input. Only the restrictions
+      # are reshuffled: the side inputs are read where they are used.
+      for name, pcoll in input_pcolls.items():
+        if pcoll != main:
+          inputs.pop(name)
+          input_coders.pop(name)
       out_pcoll = tr.only_element(reshuffle.outputs.values())
       sized = any(
           c.spec.urn in SDF_CONSUMER_URNS

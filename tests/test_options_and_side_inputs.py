@@ -1,0 +1,147 @@
+"""Options the runner refuses, and splittable reads with side inputs.
+
+The first-minutes issues a new user met: a misspelled runner option that
+Beam would drop silently, ``--streaming`` on a runner without a streaming
+engine, and a splittable DoFn (or any ``apache_beam.dataframe.io`` reader)
+with a side input, whose Reshuffle stage had two inputs.
+"""
+
+import os
+
+import apache_beam as beam
+import pytest
+from apache_beam.io.restriction_trackers import OffsetRange
+from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that
+from apache_beam.testing.util import equal_to
+from apache_beam.transforms.core import RestrictionProvider
+
+from beam_pyspark.errors import InvalidOptionsError
+from beam_pyspark.errors import UnsupportedPipelineError
+from beam_pyspark.options import misspelled_options
+from beam_pyspark.options import runner_options
+from conftest import spark_options
+
+
+# -- options --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('flag,right', [
+    ('--spark_master=local[2]', 'spark_master_url'),
+    ('--spark-master-url=local[2]', 'spark_master_url'),
+    ('--spark_parallelsm=3', 'spark_parallelism'),
+    ('--group-memory-mb=64', 'group_memory_mb'),
+])
+def test_misspelled_runner_option_is_refused_with_the_right_spelling(
+    flag, right):
+  p = beam.Pipeline(options=PipelineOptions(
+      ['--runner=beam_pyspark.PySparkRunner', flag]))
+  _ = p | beam.Create([1]) | beam.Map(str)
+  with pytest.raises(InvalidOptionsError, match=f'did you mean --{right}'):
+    p.run()
+
+
+def test_unrelated_unknown_options_are_left_to_beam():
+  assert misspelled_options(['my_app_flag', 'input_topic']) == []
+
+
+def test_every_runner_option_is_described():
+  names = {o.name for o in runner_options()}
+  assert names == {
+      'spark_master_url', 'spark_conf', 'spark_parallelism', 'drain',
+      'split_stragglers_after_secs', 'group_memory_mb'}
+  assert all(o.description for o in runner_options())
+
+
+def test_streaming_flag_is_refused_until_the_streaming_engine_exists():
+  p = beam.Pipeline(options=spark_options(streaming=True))
+  _ = p | beam.Create([1]) | beam.Map(str)
+  with pytest.raises(UnsupportedPipelineError, match='--streaming'):
+    p.run()
+
+
+class _Forever(beam.DoFn):
+  """An unbounded-per-element SDF: its output PCollection is unbounded."""
+  @beam.DoFn.unbounded_per_element()
+  def process(
+      self, element,
+      tracker=beam.DoFn.RestrictionParam(
+          beam.transforms.core.RestrictionProvider())):
+    yield element
+
+
+class _Provider(RestrictionProvider):
+  def initial_restriction(self, element):
+    return OffsetRange(0, element)
+
+  def create_tracker(self, restriction):
+    return OffsetRestrictionTracker(restriction)
+
+  def restriction_size(self, element, restriction):
+    return restriction.size()
+
+
+class _UnboundedCount(beam.DoFn):
+  @beam.DoFn.unbounded_per_element()
+  def process(self, element,
+              tracker=beam.DoFn.RestrictionParam(_Provider())):
+    pos = tracker.current_restriction().start
+    while tracker.try_claim(pos):
+      yield pos
+      pos += 1
+
+
+def test_unbounded_pcollection_is_refused_with_its_name():
+  p = beam.Pipeline(options=spark_options())
+  _ = p | beam.Create([3]) | 'Endless' >> beam.ParDo(_UnboundedCount())
+  with pytest.raises(UnsupportedPipelineError,
+                     match='unbounded PCollections .*Endless'):
+    p.run()
+
+
+def test_unbounded_pcollection_runs_drained():
+  # --drain finishes what unbounded sources have claimed: batch is right.
+  with beam.Pipeline(options=spark_options(drain=True)) as p:
+    out = p | beam.Create([3]) | beam.ParDo(_UnboundedCount())
+    assert_that(out, equal_to([0, 1, 2]))
+
+
+# -- splittable DoFns with side inputs ----------------------------------------
+
+
+class _OffsetCount(beam.DoFn):
+  def process(self, element, offset,
+              tracker=beam.DoFn.RestrictionParam(_Provider())):
+    pos = tracker.current_restriction().start
+    while tracker.try_claim(pos):
+      yield (element, pos + offset)
+      pos += 1
+
+
+def test_splittable_dofn_with_a_singleton_side_input():
+  with beam.Pipeline(options=spark_options()) as p:
+    offset = p | 'Offset' >> beam.Create([100])
+    out = (
+        p | beam.Create([2, 3])
+        | beam.ParDo(_OffsetCount(), beam.pvalue.AsSingleton(offset)))
+    assert_that(out, equal_to([(2, 100), (2, 101), (3, 100), (3, 101),
+                               (3, 102)]))
+
+
+def test_dataframe_read_csv_groupby_to_csv(tmp_path):
+  # pandas comes with the test extra (beam-pyspark[dataframe]).
+  from apache_beam.dataframe.io import read_csv
+  src = tmp_path / 'in.csv'
+  src.write_text('word,n\na,1\nb,2\na,3\nc,4\nb,5\n')
+  out = str(tmp_path / 'out')
+  with beam.Pipeline(options=spark_options()) as p:
+    df = p | read_csv(str(src))
+    df.groupby('word').n.sum().to_csv(out)
+  lines = []
+  for name in sorted(os.listdir(tmp_path)):
+    if name.startswith('out'):
+      with open(tmp_path / name, encoding='utf-8') as f:
+        lines.extend(l.strip() for l in f if l.strip())
+  rows = sorted(l for l in lines if not l.startswith('word'))
+  assert rows == ['a,4', 'b,7', 'c,4']
