@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
+import importlib
+import re
+from typing import Optional
+
 
 class BeamPySparkError(Exception):
   """Base class of the runner's own errors."""
@@ -35,3 +40,73 @@ class PipelineExecutionError(BeamPySparkError, RuntimeError):
 
 class JobCancelledError(BeamPySparkError):
   """The job was cancelled while running."""
+
+
+_TRACEBACK = 'Traceback (most recent call last)'
+# The last line of a formatted traceback: 'pkg.mod.Name: message' or 'Name'.
+_EXCEPTION_LINE = re.compile(r'^(?P<name>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$')
+
+
+def user_exception(error: str, details: str = '') -> Optional[BaseException]:
+  """The user's exception, rebuilt from a failed job's error text.
+
+  A DoFn's exception reaches the driver as text (the harness formats it,
+  and Spark carries it from the executor), so the type is read from the
+  traceback's last line, as Beam's runners name it: ``ValueError: bad
+  element [while running 'Step']``. What comes back is an instance of a
+  subclass of both that type and PipelineExecutionError, so ``except
+  ValueError`` and ``except PipelineExecutionError`` both catch it, as they
+  would with Beam's DirectRunner and with this runner before. None when
+  the text holds no traceback, or the type cannot be imported or built
+  from a message. ``details`` (the traceback from the executor) follows
+  the message, so the exception's text holds everything once.
+  """
+  start = error.rfind(_TRACEBACK)
+  if start < 0:
+    return None
+  lines = error[start:].splitlines()
+  for i in range(len(lines) - 1, 0, -1):
+    line = lines[i]
+    if not line or line[0].isspace():
+      continue
+    match = _EXCEPTION_LINE.match(line)
+    if match is None:
+      continue
+    message = '\n'.join(
+        [match.group('message') or ''] + lines[i + 1:]).strip()
+    cls = _exception_class(match.group('name'))
+    if cls is None:
+      return None
+    return _as_pipeline_error(
+        cls, f'{message}\n\n{details}' if details else message)
+  return None
+
+
+def _exception_class(name: str) -> Optional[type]:
+  module_name, _, attr = name.rpartition('.')
+  try:
+    if not module_name:
+      cls = getattr(builtins, attr)
+    else:
+      cls = getattr(importlib.import_module(module_name), attr)
+  except (ImportError, AttributeError, ValueError):
+    return None
+  if not (isinstance(cls, type) and issubclass(cls, Exception)):
+    return None
+  return cls
+
+
+def _as_pipeline_error(cls: type, message: str) -> Optional[BaseException]:
+  if issubclass(cls, PipelineExecutionError):
+    return cls(message)
+  try:
+    both = type(cls.__name__, (cls, PipelineExecutionError), {
+        '__module__': cls.__module__,
+        '__qualname__': cls.__qualname__,
+        '__doc__': cls.__doc__,
+    })
+    return both(message)
+  except Exception:  # pylint: disable=broad-except
+    # Layouts that cannot be combined (some C types), or a constructor
+    # that does not take one message: keep the job's own error.
+    return None

@@ -24,6 +24,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.engine import check_engine
 from beam_pyspark.engine import create_engine
+from beam_pyspark.errors import BeamPySparkError
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.options import RunnerOptions
@@ -177,6 +178,8 @@ class PipelineExecution:
       self._set_state(JobState.CANCELLED)
     except PipelineExecutionError as exn:
       self._fail(str(exn))
+    except BeamPySparkError as exn:  # ours, and says what to do: no traceback
+      self._fail(str(exn))
     except Exception:  # pylint: disable=broad-except
       self._fail(traceback.format_exc())
 
@@ -185,7 +188,14 @@ class PipelineExecution:
       self._set_state(JobState.CANCELLED)
       return
     self.error = error
-    _LOGGER.error('Job %s failed: %s', self.job_id, error)
+    # One line here: the whole error (the user's traceback) is the job's
+    # message, and what the runner raises.
+    _LOGGER.error('Job %s failed: %s', self.job_id, _last_line(error))
     self.message(
         error, beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_ERROR)
     self._set_state(JobState.FAILED)
+
+
+def _last_line(error: str) -> str:
+  lines = [line for line in error.strip().splitlines() if line.strip()]
+  return lines[-1].strip() if lines else error

@@ -16,6 +16,7 @@ from apache_beam.transforms import environments
 
 from beam_pyspark.errors import InvalidOptionsError
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.errors import user_exception
 from beam_pyspark.execution import PipelineExecution
 from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.metrics import PipelineMetrics
@@ -97,20 +98,32 @@ class PySparkRunner(runner.PipelineRunner):
     return environments.Environment.from_options(portable)
 
   def run_portable_pipeline(self, pipeline, options):
+    client_log = _ClientLog()
     execution = PipelineExecution(
         pipeline, RunnerOptions.from_pipeline_options(options),
-        listener=_log_messages)
+        listener=client_log)
+    client_log.execution = execution
     execution.start()  # raises UnsupportedPipelineError before running
     return PySparkPipelineResult(execution)
 
 
-def _log_messages(event) -> None:
-  """The job's messages (executors' logs among them) in the client's log."""
-  kind, payload = event
-  if kind == 'message':
-    _LOGGER.log(
-        PYTHON_LEVELS.get(payload.importance, logging.INFO), '%s',
-        payload.text)
+class _ClientLog:
+  """The job's messages (executors' logs among them) in the client's log.
+
+  The job's failure is not repeated here at its level: wait_until_finish
+  raises it with the whole traceback, and the engine logs one line of it.
+  """
+  def __init__(self):
+    self.execution: Optional[PipelineExecution] = None
+
+  def __call__(self, event) -> None:
+    kind, payload = event
+    if kind != 'message':
+      return
+    level = PYTHON_LEVELS.get(payload.importance, logging.INFO)
+    if self.execution is not None and payload.text == self.execution.error:
+      level = logging.DEBUG
+    _LOGGER.log(level, '%s', payload.text)
 
 
 class PySparkPipelineResult(runner.PipelineResult):
@@ -131,8 +144,14 @@ class PySparkPipelineResult(runner.PipelineResult):
     self._execution.wait(timeout)
     state = self.state
     if state == runner.PipelineState.FAILED:
-      raise PipelineExecutionError(
-          f'Pipeline {self.job_id} failed:\n{self._execution.error}')
+      error = self._execution.error or ''
+      details = f'Pipeline {self.job_id} failed:\n{error}'
+      # As Beam's DirectRunner raises it: the user's exception type, with
+      # the step's name, and the traceback from the executor in its text.
+      user = user_exception(error, details)
+      if user is None:
+        raise PipelineExecutionError(details)
+      raise user from None
     return state
 
   def cancel(self):

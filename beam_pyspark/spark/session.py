@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import sys
 from typing import Optional
 
@@ -58,6 +59,8 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
     return active
 
   check_java()
+  if master:
+    check_master_reachable(master)
   # Executors must run the same interpreter (and so the same installed Beam)
   # as the driver.
   os.environ.setdefault('PYSPARK_PYTHON', sys.executable)
@@ -74,5 +77,62 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
     builder = builder.config(key, value)
   session = builder.getOrCreate()
   session.sparkContext.setLogLevel('WARN')
+  _quiet_task_failures(session.sparkContext)
   _LOGGER.info('Started Spark %s on %s', session.version, master)
   return session.sparkContext
+
+
+# Spark logs every failed task attempt with the whole Python traceback
+# (Executor, then TaskSetManager twice): a user's one failing element
+# printed its message 36 times. The job's error carries the traceback once;
+# these stay available with the beam_pyspark logger at DEBUG.
+_TASK_FAILURE_LOGGERS = (
+    'org.apache.spark.executor.Executor',
+    'org.apache.spark.scheduler.TaskSetManager',
+)
+
+
+def _quiet_task_failures(sc) -> None:
+  if logging.getLogger('beam_pyspark').isEnabledFor(logging.DEBUG):
+    return
+  try:
+    jvm = sc._jvm  # pylint: disable=protected-access
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    level = jvm.org.apache.logging.log4j.Level.OFF
+    for name in _TASK_FAILURE_LOGGERS:
+      configurator.setLevel(name, level)
+  except Exception:  # pylint: disable=broad-except
+    _LOGGER.debug('Could not quiet Spark\'s task failure logs', exc_info=True)
+
+
+MASTER_CONNECT_SECS = 5.0
+
+
+def check_master_reachable(master: str, timeout: float = MASTER_CONNECT_SECS,
+                           connect=socket.create_connection) -> None:
+  """Fails fast, naming the master, when no standalone master answers.
+
+  Spark itself retries registering with an unreachable standalone master
+  for about a minute and then stops the SparkContext; the job then failed
+  with "Cannot call methods on a stopped SparkContext", the cause only in
+  Spark's earlier logs. Other masters (local, yarn, k8s) are not probed.
+  """
+  if not master.startswith('spark://'):
+    return
+  errors = []
+  for address in master[len('spark://'):].split(','):
+    host, _, port = address.strip().rpartition(':')
+    if not host or not port.isdigit():
+      raise BeamPySparkError(
+          f'Spark master URL {master!r} is malformed: use '
+          'spark://HOST:PORT[,HOST:PORT...] (e.g. spark://master:7077).')
+    try:
+      connect((host.strip('[]'), int(port)), timeout).close()
+      return
+    except OSError as exn:
+      errors.append(f'{address.strip()}: {exn.strerror or exn}')
+  raise BeamPySparkError(
+      f'Cannot reach the Spark master {master} ({"; ".join(errors)}). '
+      'Check that the master is running and that this host can reach it '
+      '(its host and port: --spark_master_url for PySparkRunner, '
+      '--spark-master-url for the job server).')

@@ -62,6 +62,9 @@ class TaskContext:
   dependencies: object = None
   # The job's pipeline options (Job API form), for harnesses over gRPC.
   pipeline_options: Optional[dict] = None
+  # Whether Python workers also log to their stderr: on a local master that
+  # is the user's console, where the job's messages already show them.
+  worker_console_logs: bool = True
 
   def runtime(self):
     # Executors of a local master share the driver's file system: make the
@@ -73,6 +76,8 @@ class TaskContext:
     # and no other job's, are what this Python worker imports.
     activate_dependencies(self.dependencies)
     _freeze_imported_heap()
+    if not self.worker_console_logs:
+      _quiet_worker_console()
     return job_runtime(self.job_id, self.components.value)
 
 
@@ -100,6 +105,23 @@ def _freeze_imported_heap() -> None:
     _heap_frozen = True
     import gc
     gc.freeze()
+
+
+def _quiet_worker_console() -> None:
+  """No logging from this Python worker straight to its stderr.
+
+  Importing Beam gives the root logger a stderr handler (its module-level
+  ``logging.warning`` about apitools runs ``basicConfig``), so on a local
+  master every record a DoFn or Beam logged in an executor reached the
+  user's console as well as the job's messages (through the task's log
+  capture, worker.logs, which stays): a failing element printed its
+  traceback twice more.
+  """
+  root = logging.getLogger()
+  for handler in list(root.handlers):
+    if (type(handler) is logging.StreamHandler and  # pylint: disable=unidiomatic-typecheck
+        handler.stream in (sys.stderr, sys.__stderr__)):
+      root.removeHandler(handler)
 
 
 def identity(x):

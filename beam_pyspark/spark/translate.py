@@ -119,7 +119,8 @@ class SparkPipelineJob:
         logs=sc.accumulator([], tasks.ListAccumulator()),
         log_level=self.options.log_level,
         log_overrides=self.options.log_overrides,
-        pipeline_options=self.options.job_options)
+        pipeline_options=self.options.job_options,
+        worker_console_logs=not sc.master.startswith('local'))
     self._logs_forwarded = 0
     try:
       self._ctx.dependencies = ship_dependencies(sc, self.plan, self.log)
