@@ -19,6 +19,8 @@ DEFAULT_MASTER = 'local[*]'
 _DEFAULT_CONF = {
     'spark.ui.showConsoleProgress': 'false',
     'spark.python.worker.reuse': 'true',
+    # Python workers forked with Beam already imported (spark/daemon.py).
+    'spark.python.daemon.module': 'beam_pyspark.spark.daemon',
 }
 
 
@@ -43,8 +45,8 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
 
   A user who already has Spark running keeps it: the pipeline runs there.
   """
+  from pyspark import SparkConf
   from pyspark import SparkContext
-  from pyspark.sql import SparkSession
 
   active = SparkContext._active_spark_context
   if active is not None:
@@ -66,20 +68,23 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
   os.environ.setdefault('PYSPARK_PYTHON', sys.executable)
   os.environ.setdefault('PYSPARK_DRIVER_PYTHON', sys.executable)
   master = master or DEFAULT_MASTER
-  builder = SparkSession.builder.master(master).appName('beam-pyspark')
   settings = dict(_DEFAULT_CONF)
   if master.startswith('local'):
     # Local executors can import what the driver imports (user modules
     # pickled by reference need it).
     settings['spark.executorEnv.PYTHONPATH'] = driver_python_path()
   settings.update(conf or {})
+  spark_conf = SparkConf().setMaster(master).setAppName('beam-pyspark')
   for key, value in settings.items():
-    builder = builder.config(key, value)
-  session = builder.getOrCreate()
-  session.sparkContext.setLogLevel('WARN')
-  _quiet_task_failures(session.sparkContext)
-  _LOGGER.info('Started Spark %s on %s', session.version, master)
-  return session.sparkContext
+    spark_conf.set(key, value)
+  # A SparkContext, not a SparkSession: batch needs no SQL, and the session
+  # cost 2 s more of every fresh process's start (3.2 s against 5.3 s
+  # here). SparkSession.builder.getOrCreate() wraps this context later.
+  sc = SparkContext.getOrCreate(spark_conf)
+  sc.setLogLevel('WARN')
+  _quiet_task_failures(sc)
+  _LOGGER.info('Started Spark %s on %s', sc.version, master)
+  return sc
 
 
 # Spark logs every failed task attempt with the whole Python traceback
