@@ -178,3 +178,41 @@ def test_memory_failures_name_the_memory_caps():
   assert 'spark.python.worker.memory=256m' in hint
   assert 'Raise spark.executor.pyspark.memory' in hint
   assert memory_hint('ValueError: bad input', conf) == ''
+
+
+def test_jvm_class_archive_is_written_once_then_used(tmp_path, monkeypatch):
+  import os
+  from beam_pyspark.spark import jvm
+  monkeypatch.delenv(jvm.ENV_SWITCH, raising=False)
+  first = jvm.java_options(str(tmp_path))
+  assert '-XX:ArchiveClassesAtExit=' in first
+  # A second process while the first's JVM has not written it: no archive
+  # option at all, rather than two writers.
+  assert jvm.java_options(str(tmp_path)) == ''
+  partial = first.split('-XX:ArchiveClassesAtExit=')[1].split()[0]
+  # The JVM wrote it and exited, and its writer (here: a pid that is gone).
+  gone = partial.replace(f'.{os.getpid()}.', '.999999999.')
+  with open(gone, 'wb') as f:
+    f.write(bytes.fromhex('a8ab0bf0') + b'\0' * 100)
+  old = os.stat(gone).st_mtime - jvm.SETTLE_SECS - 1
+  os.utime(gone, (old, old))
+  used = jvm.java_options(str(tmp_path))
+  assert '-XX:SharedArchiveFile=' in used
+  assert os.path.exists(used.split('-XX:SharedArchiveFile=')[1].split()[0])
+  monkeypatch.setenv(jvm.ENV_SWITCH, '0')
+  assert jvm.java_options(str(tmp_path)) == ''
+
+
+def test_jvm_class_archive_ignores_a_file_that_is_not_one(tmp_path):
+  import os
+  from beam_pyspark.spark import jvm
+  first = jvm.java_options(str(tmp_path))
+  partial = first.split('-XX:ArchiveClassesAtExit=')[1].split()[0]
+  gone = partial.replace(f'.{os.getpid()}.', '.999999999.')
+  with open(gone, 'wb') as f:
+    f.write(b'not an archive')
+  old = os.stat(gone).st_mtime - jvm.SETTLE_SECS - 1
+  os.utime(gone, (old, old))
+  again = jvm.java_options(str(tmp_path))
+  assert not os.path.exists(gone)
+  assert '-XX:SharedArchiveFile=' not in again

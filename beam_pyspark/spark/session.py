@@ -10,6 +10,7 @@ import sys
 from typing import Optional
 
 from beam_pyspark.errors import BeamPySparkError
+from beam_pyspark.spark.jvm import java_options
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -74,6 +75,11 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
     # pickled by reference need it).
     settings['spark.executorEnv.PYTHONPATH'] = driver_python_path()
   settings.update(conf or {})
+  # Spark's classes from an archive made on this machine (spark/jvm.py).
+  archive = java_options()
+  if archive:
+    settings['spark.driver.extraJavaOptions'] = ' '.join(
+        filter(None, [settings.get('spark.driver.extraJavaOptions'), archive]))
   spark_conf = SparkConf().setMaster(master).setAppName('beam-pyspark')
   for key, value in settings.items():
     spark_conf.set(key, value)
