@@ -144,6 +144,7 @@ def _text(x: float, y: float, text: str, cls: str, limit: int = 40) -> str:
 def render_svg(graph: Graph) -> str:
   """The graph as an SVG document (top to bottom, one row per layer)."""
   layers = _layers(graph)
+  layer_of = {n.node_id: i for i, layer in enumerate(layers) for n in layer}
   boxes: dict[str, tuple[float, float, float, float]] = {}
   y = MARGIN
   width = MARGIN
@@ -153,7 +154,7 @@ def render_svg(graph: Graph) -> str:
     for node in layer:
       boxes[node.node_id] = (x, y, NODE_WIDTH, _node_height(node))
       x += NODE_WIDTH + NODE_GAP
-    width = max(width, x)
+    width = max(width, x + 80)  # room for edges and labels in the gap
     y += height + LAYER_GAP
   total_height = y - LAYER_GAP + MARGIN
   parts = [
@@ -179,14 +180,24 @@ def render_svg(graph: Graph) -> str:
     x1, y1 = sx + sw / 2, sy + sh
     x2, y2 = tx + tw / 2, ty
     mid = (y1 + y2) / 2
+    if layer_of[edge.target] - layer_of[edge.source] > 1:
+      # Past the layers in between: down the gap right of the boxes, so
+      # that no stage hides it.
+      gap = max(sx + sw, tx + tw) + NODE_GAP / 2
+      d = (f'M {x1:.0f} {y1:.0f} Q {gap:.0f} {y1:.0f} {gap:.0f} {mid:.0f} '
+           f'Q {gap:.0f} {y2:.0f} {x2:.0f} {y2:.0f}')
+      label_x = gap + 4
+    else:
+      d = (f'M {x1:.0f} {y1:.0f} C {x1:.0f} {mid:.0f} {x2:.0f} {mid:.0f} '
+           f'{x2:.0f} {y2:.0f}')
+      label_x = (x1 + x2) / 2 + 6
     cls = 'edge side' if edge.side_input else 'edge'
     parts.append(
-        f'<path class="{cls}" d="M {x1:.0f} {y1:.0f} C {x1:.0f} {mid:.0f} '
-        f'{x2:.0f} {mid:.0f} {x2:.0f} {y2:.0f}" marker-end="url(#arrow)">'
+        f'<path class="{cls}" d="{d}" marker-end="url(#arrow)">'
         f'<title>{html.escape(edge.buffer)}</title></path>')
     label = edge.label + (' (side input)' if edge.side_input else '')
     if label:
-      parts.append(_text((x1 + x2) / 2 + 6, mid, label, 'label', 48))
+      parts.append(_text(label_x, mid, label.strip(), 'label', 48))
   for node in graph.nodes:
     x, y, w, h = boxes[node.node_id]
     parts.append(
