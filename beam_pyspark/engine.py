@@ -3,8 +3,9 @@
 ``execution.PipelineExecution`` owns a job's lifecycle (start, cancel,
 state); an ``Engine`` runs its plan. Which engine runs a job is chosen per
 job (``engine_kind``) from a registry keyed by kind, as Beam's worker
-handlers are chosen by environment URN: an unknown kind is an error, never
-a silent fallback to batch. Engines are imported lazily, so this module and
+handlers are chosen by environment URN: an unknown kind is an error. Until
+the streaming engine is registered, a job that wants streaming runs on the
+batch engine with a warning in its messages, as before. Engines are imported lazily, so this module and
 its callers need no Spark.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from typing import Callable
+from typing import Optional
 from typing import Protocol
 
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -68,26 +70,33 @@ def engine_kind(pipeline: beam_runner_api_pb2.Pipeline,
 
 
 def check_engine(pipeline: beam_runner_api_pb2.Pipeline,
-                 options: RunnerOptions) -> str:
-  """The job's engine kind; UnsupportedPipelineError if none can run it."""
+                 options: RunnerOptions) -> tuple[str, Optional[str]]:
+  """(the engine kind that runs the job, a warning for its messages or None).
+
+  While no streaming engine is registered, a job that wants one runs on
+  the batch engine, as Beam's own FnApiRunner runs it: unbounded splittable
+  DoFns are processed until they stop claiming (a PeriodicImpulse with a
+  stop time ends; one without never does), watermarks and processing time
+  are not simulated. That is how this runner behaved before the engine
+  boundary existed, and Beam's conformance suite relies on it.
+  """
   kind = engine_kind(pipeline, options)
   if kind in ENGINES:
-    return kind
-  reasons = []
+    return kind, None
   if kind == STREAMING:
     unbounded = unbounded_pcollections(pipeline)
     why = (
         f'it has unbounded PCollections ({", ".join(unbounded[:5])}'
         f'{", ..." if len(unbounded) > 5 else ""})' if unbounded else
         'it was submitted with --streaming')
-    reasons.append(
-        f'The pipeline needs streaming execution: {why}. beam-pyspark runs '
-        'batch pipelines only in this version (its streaming engine is being '
-        'built). Run it without --streaming if its sources are bounded, or '
-        'with --drain to read what unbounded sources have now and stop.')
-  else:
-    reasons.append(f'No engine of kind {kind!r}; known: {sorted(ENGINES)}.')
-  raise UnsupportedPipelineError(reasons)
+    return BATCH, (
+        f'The pipeline asks for streaming execution: {why}. This version '
+        'of beam-pyspark has no streaming engine yet, so it runs on the '
+        'batch engine: unbounded sources are read until they stop '
+        'themselves (one that never stops never finishes; use --drain to '
+        'read what they have now and stop).')
+  raise UnsupportedPipelineError(
+      [f'No engine of kind {kind!r}; known: {sorted(ENGINES)}.'])
 
 
 def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,

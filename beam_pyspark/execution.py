@@ -10,7 +10,6 @@ this (through an executor function) and never touches Spark itself.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -19,12 +18,17 @@ import uuid
 from typing import Callable
 from typing import Optional
 
-from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.engine import check_engine
 from beam_pyspark.engine import create_engine
 from beam_pyspark.errors import BeamPySparkError
+from beam_pyspark.events import TERMINAL_STATES
+from beam_pyspark.events import Event
+from beam_pyspark.events import Importance
+from beam_pyspark.events import JobState
+from beam_pyspark.events import MessageEvent
+from beam_pyspark.events import StateEvent
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.options import RunnerOptions
@@ -33,42 +37,34 @@ from beam_pyspark.planning import plan_pipeline
 
 _LOGGER = logging.getLogger(__name__)
 
-JobState = beam_job_api_pb2.JobState
-TERMINAL_STATES = frozenset([
-    JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.DRAINED,
-    JobState.UPDATED
-])
-
-
-@dataclasses.dataclass
-class Message:
-  timestamp: float
-  importance: int  # beam_job_api_pb2.JobMessage.MessageImportance
-  text: str
+Listener = Callable[[Event], None]
 
 
 class PipelineExecution:
+  """Runs one job; reports its states and messages to ``listener``.
+
+  It keeps no history (the job registry does): only its current state,
+  which its own cancel and wait need, and the error it failed with.
+  """
   def __init__(
       self,
       pipeline: beam_runner_api_pb2.Pipeline,
       options: Optional[RunnerOptions] = None,
       job_id: Optional[str] = None,
-      listener: Optional[Callable[[object], None]] = None):
+      listener: Optional[Listener] = None):
     self.pipeline = pipeline
     self.options = options or RunnerOptions()
     self.job_id = job_id or 'job-' + uuid.uuid4().hex[:12]
     self._listener = listener
     self._lock = threading.Lock()
     self._done = threading.Condition(self._lock)
+    # Prepared: whoever created the job recorded STOPPED already.
     self._state = JobState.STOPPED
-    self.state_history: list[tuple[float, int]] = []
-    self.messages: list[Message] = []
     self.error: Optional[str] = None
     self._final_metrics: Optional[tuple[list, list]] = None
     self._engine = None
     self._cancel_requested = False
     self._thread: Optional[threading.Thread] = None
-    self._set_state(JobState.STOPPED)
 
   # -- lifecycle --------------------------------------------------------------
 
@@ -129,29 +125,25 @@ class PipelineExecution:
 
   def _set_state(self, state: int) -> None:
     with self._done:
-      if self._state in TERMINAL_STATES:
-        return
-      if self.state_history and self._state == state:
+      if self._state in TERMINAL_STATES or self._state == state:
         return
       self._state = state
-      self.state_history.append((time.time(), state))
       self._done.notify_all()
     if self._listener:
-      self._listener(('state', state))
+      self._listener(StateEvent(time.time(), state))
 
-  def message(self, text: str, importance: int = (
-      beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_BASIC)) -> None:
-    msg = Message(time.time(), importance, text)
-    with self._lock:
-      self.messages.append(msg)
+  def message(self, text: str,
+              importance: int = Importance.JOB_MESSAGE_BASIC) -> None:
     if self._listener:
-      self._listener(('message', msg))
+      self._listener(MessageEvent(time.time(), importance, text))
 
   def _run(self) -> None:
     engine = None
     try:
       plan = plan_pipeline(self.pipeline, drain=self.options.drain)
-      kind = check_engine(self.pipeline, self.options)
+      kind, warning = check_engine(self.pipeline, self.options)
+      if warning:
+        self.message(warning, Importance.JOB_MESSAGE_WARNING)
       engine = create_engine(kind, plan, self.job_id, self.options,
                              self.message)
       with self._lock:
@@ -191,8 +183,7 @@ class PipelineExecution:
     # One line here: the whole error (the user's traceback) is the job's
     # message, and what the runner raises.
     _LOGGER.error('Job %s failed: %s', self.job_id, _last_line(error))
-    self.message(
-        error, beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_ERROR)
+    self.message(error, Importance.JOB_MESSAGE_ERROR)
     self._set_state(JobState.FAILED)
 
 

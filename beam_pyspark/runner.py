@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import uuid
 from typing import Optional
 
 from apache_beam.options import pipeline_options
@@ -17,7 +19,9 @@ from apache_beam.transforms import environments
 from beam_pyspark.errors import InvalidOptionsError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.errors import user_exception
+from beam_pyspark.events import MessageEvent
 from beam_pyspark.execution import PipelineExecution
+from beam_pyspark.jobservice.jobs import JobRegistry
 from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.metrics import PipelineMetrics
 from beam_pyspark.options import RunnerOptions
@@ -98,13 +102,49 @@ class PySparkRunner(runner.PipelineRunner):
     return environments.Environment.from_options(portable)
 
   def run_portable_pipeline(self, pipeline, options):
+    runner_options = RunnerOptions.from_pipeline_options(options)
+    registry = job_registry()
+    job_name = options.get_all_options().get('job_name')
+    # Short ids, as before the registry: 'job-' and 12 hex digits.
+    job = registry.prepare(
+        job_name or 'job', pipeline, runner_options.job_options,
+        job_id=f'{job_name or "job"}-{uuid.uuid4().hex[:12]}')
     client_log = _ClientLog()
-    execution = PipelineExecution(
-        pipeline, RunnerOptions.from_pipeline_options(options),
-        listener=client_log)
-    client_log.execution = execution
-    execution.start()  # raises UnsupportedPipelineError before running
-    return PySparkPipelineResult(execution)
+    executions = []
+
+    def invoke(job_id, job_pipeline, _job_options, listener):
+      def both(event):
+        listener(event)
+        client_log(event)
+      execution = PipelineExecution(job_pipeline, runner_options, job_id, both)
+      client_log.execution = execution
+      executions.append(execution)
+      return execution
+
+    # Raises UnsupportedPipelineError before anything runs.
+    registry.run(job.job_id, invoke=invoke)
+    return PySparkPipelineResult(registry, job.job_id, executions[0])
+
+
+_REGISTRY: Optional[JobRegistry] = None
+_REGISTRY_LOCK = threading.Lock()
+# Jobs of this process that its registry (and so a status page) keeps.
+RUNNER_HISTORY = 100
+
+
+def job_registry() -> JobRegistry:
+  """This process's jobs: the one owner of their state, as the job
+  server's registry is of its jobs'."""
+  global _REGISTRY
+  with _REGISTRY_LOCK:
+    if _REGISTRY is None:
+      _REGISTRY = JobRegistry(
+          invoke=_no_default_invoke, max_invocation_history=RUNNER_HISTORY)
+    return _REGISTRY
+
+
+def _no_default_invoke(job_id, *_):
+  raise RuntimeError(f'Job {job_id} was prepared without an executor.')
 
 
 class _ClientLog:
@@ -117,31 +157,35 @@ class _ClientLog:
     self.execution: Optional[PipelineExecution] = None
 
   def __call__(self, event) -> None:
-    kind, payload = event
-    if kind != 'message':
+    if not isinstance(event, MessageEvent):
       return
-    level = PYTHON_LEVELS.get(payload.importance, logging.INFO)
-    if self.execution is not None and payload.text == self.execution.error:
+    level = PYTHON_LEVELS.get(event.importance, logging.INFO)
+    if self.execution is not None and event.text == self.execution.error:
       level = logging.DEBUG
-    _LOGGER.log(level, '%s', payload.text)
+    _LOGGER.log(level, '%s', event.text)
 
 
 class PySparkPipelineResult(runner.PipelineResult):
-  def __init__(self, execution: PipelineExecution):
+  """A job of this process, read from its registry."""
+  def __init__(self, registry: JobRegistry, job_id: str,
+               execution: PipelineExecution):
     super().__init__(runner.PipelineState.STARTING)
+    self._registry = registry
+    self._job_id = job_id
     self._execution = execution
 
   @property
   def job_id(self) -> str:
-    return self._execution.job_id
+    return self._job_id
 
   @property
   def state(self):
-    return _STATES.get(self._execution.state, runner.PipelineState.UNKNOWN)
+    return _STATES.get(self._registry.state(self._job_id).state,
+                       runner.PipelineState.UNKNOWN)
 
   def wait_until_finish(self, duration: Optional[int] = None):
     timeout = None if duration is None else duration / 1000.0
-    self._execution.wait(timeout)
+    self._registry.wait(self._job_id, timeout)
     state = self.state
     if state == runner.PipelineState.FAILED:
       error = self._execution.error or ''
@@ -155,8 +199,8 @@ class PySparkPipelineResult(runner.PipelineResult):
     return state
 
   def cancel(self):
-    self._execution.cancel()
-    self._execution.wait()
+    self._registry.cancel(self._job_id)
+    self._registry.wait(self._job_id)
     return self.state
 
   def metrics(self):

@@ -185,7 +185,7 @@ def test_restart_keeps_retained_jobs_files_and_deletes_the_rest(tmp_path):
   # Something that is not ours stays.
   write(staged / 'README-not-ours', b'left alone')
 
-  second = JobServerProcess(root, '--max-invocation-history', '1')
+  second = JobServerProcess(root, '--max-invocation-history', '2')
   try:
     # Kept: job one's files, the shared one included; deleted: job two's
     # own file and the partial upload.
@@ -200,8 +200,8 @@ def test_restart_keeps_retained_jobs_files_and_deletes_the_rest(tmp_path):
     }
     assert jobs == {job1.preparation_id, job3.preparation_id}
 
-    # Dropping job one's history entry now (history 1: a fourth job
-    # finishing pushes one and three out) removes the files this server
+    # Dropping job one's history entry now (history 2: a fourth job
+    # finishing pushes one, the oldest, out) removes the files this server
     # recovered for it.
     job4 = prepare(second, 'four', [])
     cancel(second, job4)
@@ -211,7 +211,7 @@ def test_restart_keeps_retained_jobs_files_and_deletes_the_rest(tmp_path):
         j.job_id for j in second.job_stub.GetJobs(
             beam_job_api_pb2.GetJobsRequest()).job_info
     }
-    assert jobs == {job4.preparation_id}
+    assert jobs == {job3.preparation_id, job4.preparation_id}
   finally:
     second.stop()
 

@@ -147,7 +147,8 @@ class JobServer:
         staging=self.staging,
         staging_endpoint=f'{host}:{self.artifact_port}',
         store=self.store,
-        max_invocation_history=config.max_invocation_history)
+        max_invocation_history=config.max_invocation_history,
+        spark_master=config.spark_master_url)
     self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)

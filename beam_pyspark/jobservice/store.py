@@ -1,8 +1,11 @@
 """The job store: what must survive a job-server restart.
 
 An embedded SQLite database by default: job id, name, pipeline options,
-state history and final metrics. One connection per call and a lock around
-writes keep it safe to use from gRPC's thread pool.
+state history, the last messages and final metrics. One connection and a
+lock around every statement keep it safe to use from gRPC's thread pool.
+Write-ahead logging with NORMAL sync keeps a message's insert cheap (no
+fsync per commit); incremental auto-vacuum gives pages of evicted jobs
+back to the file system.
 """
 
 from __future__ import annotations
@@ -30,7 +33,18 @@ CREATE TABLE IF NOT EXISTS states (
   state INTEGER NOT NULL,
   PRIMARY KEY (job_id, seq)
 );
+CREATE TABLE IF NOT EXISTS messages (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  ts REAL NOT NULL,
+  importance INTEGER NOT NULL,
+  text TEXT NOT NULL,
+  PRIMARY KEY (job_id, seq)
+);
 """
+
+# Messages kept per job: its last ones, which hold its end and its error.
+DEFAULT_MAX_MESSAGES = 1000
 
 
 @dataclasses.dataclass
@@ -46,12 +60,22 @@ class JobRecord:
 
 
 class JobStore:
-  def __init__(self, path: str = ':memory:'):
+  def __init__(self, path: str = ':memory:',
+               max_messages: int = DEFAULT_MAX_MESSAGES):
     self._path = path
+    self._max_messages = max_messages
     self._lock = threading.Lock()
+    self._message_seq: dict[str, int] = {}
     # ':memory:' databases vanish with their connection: keep one open.
     self._conn = sqlite3.connect(path, check_same_thread=False)
     with self._lock:
+      (vacuum,) = self._conn.execute('PRAGMA auto_vacuum').fetchone()
+      if vacuum != 2:  # INCREMENTAL; an existing file needs a VACUUM to switch
+        self._conn.execute('PRAGMA auto_vacuum = INCREMENTAL')
+        self._conn.execute('VACUUM')
+      if path != ':memory:':
+        self._conn.execute('PRAGMA journal_mode = WAL')
+        self._conn.execute('PRAGMA synchronous = NORMAL')
       self._conn.executescript(_SCHEMA)
       self._conn.commit()
 
@@ -77,6 +101,33 @@ class JobStore:
           (job_id, seq, ts, state))
       self._conn.commit()
 
+  def add_message(self, job_id: str, ts: float, importance: int,
+                  text: str) -> None:
+    """Keeps the job's last ``max_messages`` messages."""
+    with self._lock:
+      seq = self._message_seq.get(job_id)
+      if seq is None:
+        (last,) = self._conn.execute(
+            'SELECT MAX(seq) FROM messages WHERE job_id = ?',
+            (job_id,)).fetchone()
+        seq = -1 if last is None else last
+      seq += 1
+      self._message_seq[job_id] = seq
+      self._conn.execute(
+          'INSERT INTO messages (job_id, seq, ts, importance, text) '
+          'VALUES (?, ?, ?, ?, ?)', (job_id, seq, ts, importance, text))
+      if seq >= self._max_messages:
+        self._conn.execute(
+            'DELETE FROM messages WHERE job_id = ? AND seq <= ?',
+            (job_id, seq - self._max_messages))
+      self._conn.commit()
+
+  def messages(self, job_id: str) -> list[tuple[float, int, str]]:
+    with self._lock:
+      return [tuple(r) for r in self._conn.execute(
+          'SELECT ts, importance, text FROM messages WHERE job_id = ? '
+          'ORDER BY seq', (job_id,)).fetchall()]
+
   def set_metrics(self, job_id: str, metrics: list[bytes]) -> None:
     with self._lock:
       self._conn.execute(
@@ -86,8 +137,11 @@ class JobStore:
 
   def delete_job(self, job_id: str) -> None:
     with self._lock:
-      self._conn.execute('DELETE FROM jobs WHERE job_id = ?', (job_id,))
-      self._conn.execute('DELETE FROM states WHERE job_id = ?', (job_id,))
+      self._message_seq.pop(job_id, None)
+      for table in ('jobs', 'states', 'messages'):
+        self._conn.execute(f'DELETE FROM {table} WHERE job_id = ?', (job_id,))
+      self._conn.commit()
+      self._conn.execute('PRAGMA incremental_vacuum')
       self._conn.commit()
 
   def jobs(self) -> list[JobRecord]:

@@ -6,6 +6,7 @@ a failure that looks like memory names the caps it ran under.
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from beam_pyspark.errors import PipelineExecutionError
@@ -58,6 +59,8 @@ def spark_failure_message(exn: BaseException) -> str:
     return text
   end = text.find('\n\tat ', start)
   python_part = text[start:end if end > 0 else len(text)].rstrip()
+  # Spark's error class adds its SQL state after the Python traceback.
+  python_part = re.sub(r'\s*SQLSTATE: \w+$', '', python_part).rstrip()
   # A failure inside a stage: what follows the marker is the harness's error,
   # which names the failing step and holds the user's traceback; PySpark's
   # own frames before it are noise.

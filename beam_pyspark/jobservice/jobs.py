@@ -1,0 +1,424 @@
+"""The one owner of job state: live and past jobs, their events, history.
+
+``JobRegistry`` holds every job the service knows: prepared, running, and
+finished ones from this process or from the store (so history survives a
+restart). It keeps each job's typed state and message events, serves them
+to subscribers (history, then live events), bounds the history and evicts
+what falls out of it (with its staged artifacts, through a callback), and
+writes through to the store. The executor is injected (``invoke``), so the
+registry and the Job API over it run with a fake in tests; the gRPC
+servicer (service.py) and the status page are thin adapters over it. No
+gRPC and no Spark here.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from typing import Callable
+from typing import Iterator
+from typing import Optional
+
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from beam_pyspark.events import TERMINAL_STATES
+from beam_pyspark.events import Event
+from beam_pyspark.events import Importance
+from beam_pyspark.events import JobState
+from beam_pyspark.events import MessageEvent
+from beam_pyspark.events import StateEvent
+from beam_pyspark.jobservice.store import JobRecord
+from beam_pyspark.jobservice.store import JobStore
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_MAX_INVOCATION_HISTORY = 10
+# Events a live job keeps in memory for its message stream; the store keeps
+# the last DEFAULT_MAX_MESSAGES of its messages for after a restart.
+MAX_LIVE_EVENTS = 10000
+
+# invoke(job_id, pipeline, options, listener) -> an execution with start(),
+# cancel(), committed_metrics and attempted_metrics.
+Invoke = Callable[[str, beam_runner_api_pb2.Pipeline, dict,
+                   Callable[[Event], None]], object]
+
+
+class UnknownJobError(KeyError):
+  """No job or preparation has this id."""
+  def __init__(self, job_id: str):
+    super().__init__(job_id)
+    self.job_id = job_id
+
+  def __str__(self) -> str:
+    return (f'No job or preparation with id {self.job_id!r}; GetJobs lists '
+            'the known jobs.')
+
+
+class JobStateError(Exception):
+  """A request the job's state does not allow (e.g. Run twice)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSnapshot:
+  """What readers (the Job API, the status page) see of one job."""
+  job_id: str
+  job_name: str
+  state: int
+  created: float
+  states: tuple[StateEvent, ...]
+  options: dict
+  staging_token: Optional[str]
+  has_run: bool
+
+
+class _Job:
+  """One job's record; guarded by the registry's condition."""
+  def __init__(self, job_id: str, job_name: str, options: dict,
+               created: float, staging_token: Optional[str],
+               pipeline: Optional[beam_runner_api_pb2.Pipeline] = None,
+               pipeline_bytes: Optional[bytes] = None):
+    self.job_id = job_id
+    self.job_name = job_name
+    self.options = options
+    self.created = created
+    self.staging_token = staging_token
+    self._pipeline = pipeline
+    self._pipeline_bytes = pipeline_bytes
+    self.states: list[StateEvent] = []
+    # States and messages in order, for the message stream. Past jobs load
+    # their messages from the store when first asked.
+    self.events: collections.deque[Event] = collections.deque(
+        maxlen=MAX_LIVE_EVENTS)
+    self.dropped_events = 0
+    self.execution = None
+    self.has_run = False
+    self.past = False
+    self.messages_loaded = True
+    self.final_metrics: Optional[list[bytes]] = None
+
+  @property
+  def pipeline(self) -> beam_runner_api_pb2.Pipeline:
+    if self._pipeline is None:
+      self._pipeline = beam_runner_api_pb2.Pipeline.FromString(
+          self._pipeline_bytes or b'')
+    return self._pipeline
+
+  @property
+  def state(self) -> int:
+    return self.states[-1].state if self.states else JobState.UNSPECIFIED
+
+  @property
+  def terminal(self) -> bool:
+    return self.state in TERMINAL_STATES
+
+  def snapshot(self) -> JobSnapshot:
+    return JobSnapshot(
+        job_id=self.job_id, job_name=self.job_name, state=self.state,
+        created=self.created, states=tuple(self.states),
+        options=dict(self.options), staging_token=self.staging_token,
+        has_run=self.has_run)
+
+
+class JobRegistry:
+  def __init__(
+      self,
+      invoke: Invoke,
+      store: Optional[JobStore] = None,
+      max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY,
+      on_evict: Optional[Callable[[str], None]] = None,
+      clock: Callable[[], float] = time.time):
+    self._invoke = invoke
+    self._store = store or JobStore()
+    self._max_history = max_invocation_history
+    self._on_evict = on_evict
+    self._clock = clock
+    self._cond = threading.Condition()
+    self._jobs: dict[str, _Job] = {}
+    # Ended jobs, oldest first: what the history bound evicts.
+    self._finished: collections.deque[str] = collections.deque()
+    self._recover()
+
+  # -- start-up -----------------------------------------------------------
+
+  def _recover(self) -> None:
+    """Jobs of earlier runs of the server, from the store; those that were
+    still running did not finish."""
+    for record in self._store.jobs():
+      job = _Job(record.job_id, record.job_name, record.options,
+                 record.created, record.staging_token,
+                 pipeline_bytes=record.pipeline)
+      job.past = True
+      job.has_run = any(s != JobState.STOPPED for _, s in record.states)
+      job.messages_loaded = False
+      job.final_metrics = record.metrics
+      job.states = [StateEvent(ts, s) for ts, s in record.states]
+      if not job.terminal:
+        self._append_state(job, StateEvent(self._clock(), JobState.FAILED))
+        self._append_message(job, MessageEvent(
+            self._clock(), Importance.JOB_MESSAGE_ERROR,
+            'The job server stopped while this job was '
+            f'{"running" if job.has_run else "prepared"}; it did not finish.'))
+      self._jobs[job.job_id] = job
+      self._finished.append(job.job_id)
+    # A restarted server holds no more than its bound, at once.
+    self._evict(self._trim())
+
+  # -- writing ------------------------------------------------------------
+
+  def _append_state(self, job: _Job, event: StateEvent) -> bool:
+    """Records a state change (caller holds the condition, or is alone)."""
+    if job.states and (job.states[-1].state == event.state or job.terminal):
+      return False
+    job.states.append(event)
+    self._append_event(job, event)
+    self._store.add_state(job.job_id, event.timestamp, event.state)
+    return True
+
+  def _append_message(self, job: _Job, event: MessageEvent) -> None:
+    self._append_event(job, event)
+    self._store.add_message(job.job_id, event.timestamp, event.importance,
+                            event.text)
+
+  @staticmethod
+  def _append_event(job: _Job, event: Event) -> None:
+    if len(job.events) == job.events.maxlen:
+      job.dropped_events += 1
+    job.events.append(event)
+
+  def _listener(self, job_id: str) -> Callable[[Event], None]:
+    def on_event(event: Event) -> None:
+      ended = False
+      with self._cond:
+        job = self._jobs.get(job_id)
+        if job is None:
+          return
+        if isinstance(event, StateEvent):
+          ended = self._append_state(job, event) and job.terminal
+        else:
+          self._append_message(job, event)
+        self._cond.notify_all()
+      if ended:
+        self._job_ended(job_id)
+    return on_event
+
+  # -- the lifecycle --------------------------------------------------------
+
+  def prepare(self, job_name: str, pipeline: beam_runner_api_pb2.Pipeline,
+              options: dict, job_id: Optional[str] = None) -> JobSnapshot:
+    """A new job, prepared (STOPPED); counts against the history.
+
+    Its id is ``job_id`` if given (unique), else the name and a UUID."""
+    job_id = job_id or f'{job_name}_{uuid.uuid4()}'
+    job = _Job(job_id, job_name, options, self._clock(), f'token-{job_id}',
+               pipeline=pipeline)
+    self._store.put_job(
+        JobRecord(job_id=job_id, job_name=job_name, options=options,
+                  created=job.created, staging_token=job.staging_token,
+                  pipeline=pipeline.SerializeToString()))
+    with self._cond:
+      self._jobs[job_id] = job
+      self._append_state(job, StateEvent(job.created, JobState.STOPPED))
+      self._cond.notify_all()
+      return job.snapshot()
+
+  def run(self, job_id: str,
+          pipeline: Optional[beam_runner_api_pb2.Pipeline] = None,
+          invoke: Optional[Invoke] = None) -> None:
+    """Starts the prepared job (with ``pipeline``, e.g. its artifacts
+    resolved, else the prepared one). Raises JobStateError if it ran or
+    ended already, and what the executor raises (ValueError for an option
+    it cannot honour, UnsupportedPipelineError) with nothing started.
+    ``invoke`` replaces the registry's executor for this job."""
+    with self._cond:
+      job = self._get(job_id)
+      if job.has_run:
+        raise JobStateError(f'Job {job_id!r} was already run.')
+      if job.terminal:
+        raise JobStateError(
+            f'Job {job_id!r} is {JobState.Enum.Name(job.state)}: a '
+            'preparation that was cancelled cannot be run; prepare it again.')
+      job.has_run = True
+    try:
+      execution = (invoke or self._invoke)(
+          job_id, pipeline or job.pipeline, job.options,
+          self._listener(job_id))
+      with self._cond:
+        job.execution = execution
+      execution.start()
+    except BaseException:
+      with self._cond:
+        job.has_run = job.execution is not None and job.state != JobState.STOPPED
+        job.execution = None
+      raise
+
+  def note(self, job_id: str, text: str,
+           importance: int = Importance.JOB_MESSAGE_WARNING) -> None:
+    """A message of the service's own about the job (e.g. ignored options)."""
+    with self._cond:
+      self._append_message(self._get(job_id),
+                           MessageEvent(self._clock(), importance, text))
+      self._cond.notify_all()
+
+  def cancel(self, job_id: str) -> int:
+    """Cancels a prepared or running job; returns its state."""
+    with self._cond:
+      job = self._get(job_id)
+      execution = job.execution
+      if execution is None and not job.terminal:
+        ended = self._append_state(
+            job, StateEvent(self._clock(), JobState.CANCELLED))
+        self._cond.notify_all()
+      else:
+        ended = False
+    if ended:
+      self._job_ended(job_id)
+    elif execution is not None and not job.terminal:
+      execution.cancel()
+    with self._cond:
+      return job.state
+
+  def _job_ended(self, job_id: str) -> None:
+    """Records its final metrics and trims the history."""
+    with self._cond:
+      job = self._jobs.get(job_id)
+      if job is None:
+        return
+      execution = job.execution
+    if execution is not None:
+      metrics = list(getattr(execution, 'committed_metrics', []) or [])
+      serialized = [m.SerializeToString() for m in metrics]
+      self._store.set_metrics(job_id, serialized)
+      with self._cond:
+        job.final_metrics = serialized
+    with self._cond:
+      self._finished.append(job_id)
+      dropped = self._trim()
+    self._evict(dropped)
+
+  def _trim(self) -> list[tuple[str, Optional[str]]]:
+    """Drops the oldest ended jobs past the bound (caller holds the lock,
+    or is alone); returns (job id, staging token) of each."""
+    dropped = []
+    while len(self._finished) > self._max_history:
+      job_id = self._finished.popleft()
+      job = self._jobs.pop(job_id, None)
+      self._store.delete_job(job_id)
+      dropped.append((job_id, job.staging_token if job else None))
+    return dropped
+
+  def _evict(self, dropped: list[tuple[str, Optional[str]]]) -> None:
+    for job_id, token in dropped:
+      if token and self._on_evict is not None:
+        try:
+          self._on_evict(token)
+        except Exception:  # pylint: disable=broad-except
+          _LOGGER.warning('Could not remove the artifacts of %s', job_id,
+                          exc_info=True)
+
+  # -- reading ------------------------------------------------------------
+
+  def _get(self, job_id: str) -> _Job:
+    job = self._jobs.get(job_id)
+    if job is None:
+      raise UnknownJobError(job_id)
+    return job
+
+  def job(self, job_id: str) -> JobSnapshot:
+    with self._cond:
+      return self._get(job_id).snapshot()
+
+  def jobs(self) -> list[JobSnapshot]:
+    """Every known job, oldest first."""
+    with self._cond:
+      return sorted((j.snapshot() for j in self._jobs.values()),
+                    key=lambda s: s.created)
+
+  def state(self, job_id: str) -> StateEvent:
+    with self._cond:
+      job = self._get(job_id)
+      return job.states[-1] if job.states else StateEvent(
+          job.created, JobState.UNSPECIFIED)
+
+  def pipeline(self, job_id: str) -> beam_runner_api_pb2.Pipeline:
+    with self._cond:
+      return self._get(job_id).pipeline
+
+  def metrics(self, job_id: str) -> tuple[list, list]:
+    """(committed, attempted) MonitoringInfos: live while the job runs."""
+    from apache_beam.portability.api import metrics_pb2  # pylint: disable=import-outside-toplevel
+    with self._cond:
+      job = self._get(job_id)
+      execution, final = job.execution, job.final_metrics
+    if execution is not None and final is None:
+      committed = list(getattr(execution, 'committed_metrics', []) or [])
+      attempted = list(getattr(execution, 'attempted_metrics', []) or [])
+      return committed, attempted or committed
+    infos = [metrics_pb2.MonitoringInfo.FromString(m) for m in final or []]
+    return infos, list(infos)
+
+  def messages(self, job_id: str) -> list[MessageEvent]:
+    with self._cond:
+      job = self._get(job_id)
+      self._load_messages(job)
+      return [e for e in job.events if isinstance(e, MessageEvent)]
+
+  def _load_messages(self, job: _Job) -> None:
+    """A past job's stream: its states and stored messages, in time order."""
+    if job.messages_loaded:
+      return
+    # Every message went through the store, those recorded since the
+    # restart too.
+    stored = [MessageEvent(ts, importance, text)
+              for ts, importance, text in self._store.messages(job.job_id)]
+    merged = sorted(list(job.states) + stored, key=lambda e: e.timestamp)
+    job.events.clear()
+    job.events.extend(merged)
+    job.messages_loaded = True
+
+  def subscribe(self, job_id: str, messages: bool = True,
+                active: Callable[[], bool] = lambda: True,
+                poll_secs: float = 1.0) -> Iterator[Event]:
+    """The job's events from its start, then live ones as they come.
+
+    Only state events unless ``messages``. Ends after a terminal state, or
+    when ``active()`` turns false (the client went away). Raises
+    UnknownJobError at once for an unknown id.
+    """
+    with self._cond:
+      job = self._get(job_id)
+      self._load_messages(job)
+    return self._events(job, messages, active, poll_secs)
+
+  def _events(self, job: _Job, messages: bool, active, poll_secs) -> Iterator[Event]:
+    sent = 0  # events of job.events already seen, counting dropped ones
+    while True:
+      with self._cond:
+        while (job.dropped_events + len(job.events) <= sent and active()):
+          self._cond.wait(poll_secs)
+        start = max(0, sent - job.dropped_events)
+        pending = list(job.events)[start:]
+        sent = job.dropped_events + len(job.events)
+      if not pending:
+        return  # the client went away
+      for event in pending:
+        if isinstance(event, MessageEvent) and not messages:
+          continue
+        yield event
+        if isinstance(event, StateEvent) and event.terminal:
+          return
+
+  def wait(self, job_id: str, timeout: Optional[float] = None) -> int:
+    """Waits until the job ends (or ``timeout`` seconds); its state."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with self._cond:
+      job = self._get(job_id)
+      while not job.terminal:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+          break
+        self._cond.wait(remaining)
+      return job.state

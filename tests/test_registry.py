@@ -1,0 +1,348 @@
+"""The job registry and the Job API over it, with a fake executor.
+
+No Spark and no subprocess: a real in-process gRPC server serves
+``JobService`` over a ``JobRegistry`` whose executor is a fake that the
+test drives (start, emit messages, finish, fail). Whole-pipeline behaviour
+through Spark is tested in test_jobservice.py; this is the state machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import apache_beam as beam
+import grpc
+import pytest
+from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.portability.api import beam_job_api_pb2_grpc
+from apache_beam.metrics import monitoring_infos
+from apache_beam.runners.job import utils as job_utils
+from apache_beam.transforms import environments
+
+from beam_pyspark.events import Importance
+from beam_pyspark.events import JobState
+from beam_pyspark.events import MessageEvent
+from beam_pyspark.events import StateEvent
+from beam_pyspark.jobservice.jobs import JobRegistry
+from beam_pyspark.jobservice.jobs import JobStateError
+from beam_pyspark.jobservice.jobs import UnknownJobError
+from beam_pyspark.jobservice.service import JobService
+from beam_pyspark.jobservice.store import JobStore
+
+
+def _pipeline():
+  p = beam.Pipeline()
+  _ = p | beam.Create([1, 2]) | beam.Map(str)
+  return p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment.default())
+
+
+class FakeExecution:
+  """Stands in for PipelineExecution: the test moves it through states."""
+  def __init__(self, job_id, pipeline, options, listener):
+    self.job_id = job_id
+    self.pipeline = pipeline
+    self.options = options
+    self.listener = listener
+    self.started = threading.Event()
+    self.cancelled = False
+    self.committed_metrics = []
+    self.attempted_metrics = []
+
+  def start(self):
+    if self.options.get('beam:option:bad:v1'):
+      raise ValueError('bad option')
+    self.started.set()
+    self.emit(JobState.STARTING)
+    self.emit(JobState.RUNNING)
+
+  def cancel(self):
+    self.cancelled = True
+    self.emit(JobState.CANCELLING)
+    self.emit(JobState.CANCELLED)
+
+  def emit(self, state):
+    self.listener(StateEvent(time.time(), state))
+
+  def say(self, text, importance=Importance.JOB_MESSAGE_BASIC):
+    self.listener(MessageEvent(time.time(), importance, text))
+
+
+class Executor:
+  def __init__(self):
+    self.executions: dict[str, FakeExecution] = {}
+
+  def __call__(self, job_id, pipeline, options, listener):
+    execution = FakeExecution(job_id, pipeline, options, listener)
+    self.executions[job_id] = execution
+    return execution
+
+
+def _counter(name, value):
+  return monitoring_infos.int64_user_counter('ns', name, value)
+
+
+@pytest.fixture
+def executor():
+  return Executor()
+
+
+@pytest.fixture
+def api(executor, tmp_path):
+  """(stub, service) over a real gRPC server on a free port."""
+  service = JobService(executor, store=JobStore(str(tmp_path / 'jobs.sqlite')),
+                       max_invocation_history=3)
+  server = grpc.server(futures.ThreadPoolExecutor(8))
+  beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(service, server)
+  port = server.add_insecure_port('127.0.0.1:0')
+  server.start()
+  channel = grpc.insecure_channel(f'127.0.0.1:{port}')
+  yield beam_job_api_pb2_grpc.JobServiceStub(channel), service
+  channel.close()
+  server.stop(None)
+
+
+def _prepare(stub, name='job', options=None):
+  return stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+      pipeline=_pipeline(), job_name=name,
+      pipeline_options=job_utils.dict_to_struct(options or {})))
+
+
+def _state(stub, job_id):
+  return stub.GetState(beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
+
+
+# -- the Job API over the registry ------------------------------------------
+
+
+def test_prepare_run_done_through_grpc(api, executor):
+  stub, _ = api
+  prep = _prepare(stub, options={'beam:option:job_name:v1': 'mine'})
+  assert prep.preparation_id.startswith('mine_')
+  assert _state(stub, prep.preparation_id) == JobState.STOPPED
+  job_id = stub.Run(beam_job_api_pb2.RunJobRequest(
+      preparation_id=prep.preparation_id)).job_id
+  execution = executor.executions[job_id]
+  assert execution.started.is_set()
+  assert _state(stub, job_id) == JobState.RUNNING
+  execution.say('halfway')
+  execution.emit(JobState.DONE)
+  assert _state(stub, job_id) == JobState.DONE
+  stream = list(stub.GetMessageStream(
+      beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=10))
+  states = [r.state_response.state for r in stream
+            if r.HasField('state_response')]
+  texts = [r.message_response.message_text for r in stream
+           if r.HasField('message_response')]
+  assert states == [JobState.STOPPED, JobState.STARTING, JobState.RUNNING,
+                    JobState.DONE]
+  assert 'halfway' in texts
+  jobs = stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
+  assert [(j.job_id, j.job_name, j.state) for j in jobs] == [
+      (job_id, 'mine', JobState.DONE)]
+
+
+def test_state_stream_follows_a_live_job_until_it_ends(api, executor):
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  seen = []
+  reader = threading.Thread(target=lambda: seen.extend(
+      e.state for e in stub.GetStateStream(
+          beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10)))
+  reader.start()
+  time.sleep(0.2)
+  assert reader.is_alive()  # a running job's stream stays open
+  executor.executions[job_id].emit(JobState.FAILED)
+  reader.join(10)
+  assert not reader.is_alive()
+  assert seen == [JobState.STOPPED, JobState.STARTING, JobState.RUNNING,
+                  JobState.FAILED]
+
+
+def test_unknown_ids_are_not_found(api):
+  stub, _ = api
+  for call, request in [
+      (stub.GetState, beam_job_api_pb2.GetJobStateRequest(job_id='nope')),
+      (stub.Cancel, beam_job_api_pb2.CancelJobRequest(job_id='nope')),
+      (stub.Run, beam_job_api_pb2.RunJobRequest(preparation_id='nope')),
+      (stub.GetJobMetrics, beam_job_api_pb2.GetJobMetricsRequest(
+          job_id='nope')),
+  ]:
+    with pytest.raises(grpc.RpcError) as info:
+      call(request)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert 'nope' in info.value.details()
+  with pytest.raises(grpc.RpcError) as info:
+    list(stub.GetMessageStream(
+        beam_job_api_pb2.JobMessagesRequest(job_id='nope')))
+  assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_run_twice_is_refused(api):
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  with pytest.raises(grpc.RpcError) as info:
+    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_cancelled_preparation_is_not_run(api, executor):
+  # Defect 2 of the hardening issue: Run after Cancel ran the pipeline.
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  state = stub.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=job_id)).state
+  assert state == JobState.CANCELLED
+  with pytest.raises(grpc.RpcError) as info:
+    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+  assert 'cancelled' in info.value.details()
+  assert job_id not in executor.executions
+  assert _state(stub, job_id) == JobState.CANCELLED
+
+
+def test_cancel_reaches_the_running_execution(api, executor):
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  stub.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=job_id))
+  assert executor.executions[job_id].cancelled
+  assert _state(stub, job_id) == JobState.CANCELLED
+
+
+def test_an_option_the_executor_refuses_is_invalid_and_can_be_retried(
+    api, executor):
+  stub, _ = api
+  job_id = _prepare(stub, options={'beam:option:bad:v1': True}).preparation_id
+  with pytest.raises(grpc.RpcError) as info:
+    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+  assert 'bad option' in info.value.details()
+  assert _state(stub, job_id) == JobState.STOPPED
+
+
+def test_live_metrics_while_running_and_final_after(api, executor):
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  execution = executor.executions[job_id]
+  execution.committed_metrics = [_counter('seen', 5)]
+  live = stub.GetJobMetrics(
+      beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id)).metrics
+  assert [m.payload for m in live.committed] == [_counter('seen', 5).payload]
+  execution.committed_metrics = [_counter('seen', 9)]
+  execution.emit(JobState.DONE)
+  execution.committed_metrics = []  # the registry kept the final ones
+  final = stub.GetJobMetrics(
+      beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id)).metrics
+  assert [m.payload for m in final.committed] == [
+      _counter('seen', 9).payload]
+
+
+def test_history_is_bounded_and_evicted_jobs_are_gone(api, executor):
+  stub, _ = api
+  ids = []
+  for _ in range(5):
+    job_id = _prepare(stub).preparation_id
+    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+    executor.executions[job_id].emit(JobState.DONE)
+    ids.append(job_id)
+  listed = [j.job_id for j in stub.GetJobs(
+      beam_job_api_pb2.GetJobsRequest()).job_info]
+  assert listed == ids[-3:]
+  with pytest.raises(grpc.RpcError) as info:
+    _state(stub, ids[0])
+  assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_describe_pipeline_options_lists_every_runner_option(api):
+  stub, _ = api
+  names = {o.name for o in stub.DescribePipelineOptions(
+      beam_job_api_pb2.DescribePipelineOptionsRequest()).options}
+  assert {'spark_master_url', 'spark_conf', 'spark_parallelism', 'drain',
+          'split_stragglers_after_secs', 'group_memory_mb'} <= names
+
+
+def test_ignored_options_are_said_at_prepare(api):
+  stub, service = api
+  job_id = _prepare(stub, options={
+      'beam:option:spark_master_url:v1': 'spark://elsewhere:7077'
+  }).preparation_id
+  texts = [m.text for m in service.registry.messages(job_id)]
+  assert any('spark_master_url' in t for t in texts), texts
+
+
+# -- the registry and its store ---------------------------------------------
+
+
+def test_history_and_messages_survive_a_restart(tmp_path, executor):
+  path = str(tmp_path / 'jobs.sqlite')
+  registry = JobRegistry(executor, store=JobStore(path))
+  done = registry.prepare('a', _pipeline(), {}).job_id
+  registry.run(done)
+  executor.executions[done].say('the end is near')
+  executor.executions[done].emit(JobState.DONE)
+  running = registry.prepare('b', _pipeline(), {}).job_id
+  registry.run(running)
+
+  again = JobRegistry(Executor(), store=JobStore(path))
+  assert again.state(done).state == JobState.DONE
+  assert 'the end is near' in [m.text for m in again.messages(done)]
+  # A job that was running when the server stopped did not finish, and
+  # the reason is in its messages.
+  assert again.state(running).state == JobState.FAILED
+  assert any('stopped while this job was running' in m.text
+             for m in again.messages(running))
+  with pytest.raises(JobStateError):
+    again.run(done)
+
+
+def test_a_restart_trims_history_to_its_bound(tmp_path, executor):
+  # Defect 6: a server restarted with a smaller bound kept every old job.
+  path = str(tmp_path / 'jobs.sqlite')
+  registry = JobRegistry(executor, store=JobStore(path),
+                         max_invocation_history=10)
+  ids = []
+  for _ in range(6):
+    job_id = registry.prepare('j', _pipeline(), {}).job_id
+    registry.run(job_id)
+    executor.executions[job_id].emit(JobState.DONE)
+    ids.append(job_id)
+  evicted = []
+  again = JobRegistry(Executor(), store=JobStore(path),
+                      max_invocation_history=2, on_evict=evicted.append)
+  assert [j.job_id for j in again.jobs()] == ids[-2:]
+  assert len(evicted) == 4
+  assert len(JobStore(path).jobs()) == 2
+
+
+def test_messages_kept_per_job_are_bounded(tmp_path, executor):
+  # Defect 5: a chatty job grew the store without bound.
+  store = JobStore(str(tmp_path / 'jobs.sqlite'), max_messages=50)
+  registry = JobRegistry(executor, store=store)
+  job_id = registry.prepare('chatty', _pipeline(), {}).job_id
+  registry.run(job_id)
+  for i in range(500):
+    executor.executions[job_id].say(f'line {i}')
+  kept = store.messages(job_id)
+  assert len(kept) == 50
+  assert kept[-1][2] == 'line 499'
+
+
+def test_unknown_job_error_names_the_id():
+  registry = JobRegistry(Executor())
+  with pytest.raises(UnknownJobError, match='nope'):
+    registry.state('nope')
+
+
+def test_wait_returns_the_final_state(executor):
+  registry = JobRegistry(executor)
+  job_id = registry.prepare('w', _pipeline(), {}).job_id
+  registry.run(job_id)
+  assert registry.wait(job_id, timeout=0.05) == JobState.RUNNING
+  threading.Timer(0.1, executor.executions[job_id].emit,
+                  [JobState.DONE]).start()
+  assert registry.wait(job_id, timeout=10) == JobState.DONE
