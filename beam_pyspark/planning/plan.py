@@ -338,8 +338,39 @@ def plan_pipeline(
 
   return ExecutionPlan(
       components=components.SerializeToString(),
-      stages=stage_plans,
+      stages=_producers_first(stage_plans),
       groups=groups)
+
+
+def _producers_first(stages: list[StagePlan]) -> list[StagePlan]:
+  """The stages ordered so that each comes after the producers of what it
+  reads (main and side inputs), otherwise in fusion's order.
+
+  Fusion orders stages by the inputs they had when fused; the Reshuffle
+  that expand_sdf inserts listed the ParDo's side inputs as well, and once
+  the plan drops them (``_reshuffle_main_input``) fusion's order may put
+  that Reshuffle before the stage that splits the restrictions it moves,
+  which then read a buffer nothing had written yet (empty output, on some
+  hash seeds).
+  """
+  producers: dict[bytes, set[int]] = {}
+  for i, stage in enumerate(stages):
+    for buffer_id in stage.outputs.values():
+      producers.setdefault(buffer_id, set()).add(i)
+  needs = []
+  for i, stage in enumerate(stages):
+    reads = list(stage.inputs.values()) + [
+        si.buffer_id for si in stage.side_inputs]
+    needs.append({p for b in reads for p in producers.get(b, ()) if p != i})
+  ordered, placed = [], set()
+  while len(ordered) < len(stages):
+    ready = [i for i in range(len(stages))
+             if i not in placed and needs[i] <= placed]
+    if not ready:
+      raise ValueError('the fused stages read each other\'s output in a cycle')
+    ordered.append(ready[0])
+    placed.add(ready[0])
+  return [stages[i] for i in ordered]
 
 
 def _grpc_port(coder_id: str, url: Optional[str] = None) -> bytes:
