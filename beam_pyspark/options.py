@@ -296,3 +296,9 @@ def ignored_by_job_server(job_options: dict, server_master: str) -> list[str]:
       continue
     notes.append(f'--{name}={value} is ignored: {why}.')
   return notes
+
+
+def job_name(job_options: Optional[dict]) -> Optional[str]:
+  """The user's ``--job_name``, from a job's options in Job API form (Beam's
+  Python client always sends ``job_name='job'`` in PrepareJobRequest)."""
+  return (job_options or {}).get('beam:option:job_name:v1') or None

@@ -24,6 +24,7 @@ from beam_pyspark.execution import PipelineExecution
 from beam_pyspark.jobservice.jobs import JobRegistry
 from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.metrics import PipelineMetrics
+from beam_pyspark import options as options_module
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.options import misspelled_options
 from beam_pyspark.options import unknown_option_names
@@ -104,7 +105,7 @@ class PySparkRunner(runner.PipelineRunner):
   def run_portable_pipeline(self, pipeline, options):
     runner_options = RunnerOptions.from_pipeline_options(options)
     registry = job_registry()
-    job_name = options.get_all_options().get('job_name')
+    job_name = options_module.job_name(runner_options.job_options)
     # Short ids, as before the registry: 'job-' and 12 hex digits.
     job = registry.prepare(
         job_name or 'job', pipeline, runner_options.job_options,

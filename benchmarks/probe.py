@@ -17,8 +17,8 @@ def probe_worker(_index, _records):
   import gc
   import resource
   harnesses = runtimes = None
-  if 'beam_pyspark.worker.harness' in sys.modules:
-    harnesses = len(sys.modules['beam_pyspark.worker.harness']._harnesses)
+  if 'beam_pyspark.worker.harnesses' in sys.modules:
+    harnesses = sys.modules['beam_pyspark.worker.harnesses'].count()
   if 'beam_pyspark.worker.runtime' in sys.modules:
     runtimes = len(sys.modules['beam_pyspark.worker.runtime']._runtimes)
   t = time.perf_counter()
@@ -63,7 +63,7 @@ def freeze_worker(_index, _records):
   from apache_beam.runners.worker import bundle_processor  # pylint: disable=unused-import
   from apache_beam.runners.worker import sdk_worker  # pylint: disable=unused-import
   import beam_pyspark.spark.tasks  # pylint: disable=unused-import
-  import beam_pyspark.worker.harness  # pylint: disable=unused-import
+  import beam_pyspark.worker.harnesses.embedded  # pylint: disable=unused-import
   gc.collect()
   gc.freeze()
   time.sleep(0.3)  # let the other slot's task land on another worker

@@ -49,7 +49,7 @@ WHOLE_STACK_BUCKETS = [
     ('imports (first use of a module in a worker)',
      lambda fn, path: fn == '_find_and_load' and 'importlib' in path),
     ('harness set-up (runtime, descriptor, DoFns)',
-     lambda fn, path: (fn in ('harness_for', 'job_runtime') and
+     lambda fn, path: (fn in ('acquire', 'for_stage', 'job_runtime') and
                        'beam_pyspark/worker' in path) or
      (fn == 'get' and path.endswith('sdk_worker.py'))),
 ]
@@ -61,9 +61,9 @@ BUCKETS = [
     ('runner: map-side keying/encode (worker/elements.py, spark/tasks.py)',
      lambda fn, path: path.endswith(('beam_pyspark/worker/elements.py',
                                      'beam_pyspark/spark/tasks.py'))),
-    ('runner: reduce-side grouping (worker/grouping.py)',
-     lambda fn, path: path.endswith('beam_pyspark/worker/grouping.py')),
-    ('runner: bundle loop (worker/bundles.py, harness.py)',
+    ('runner: reduce-side grouping (worker/shuffle/grouping.py)',
+     lambda fn, path: path.endswith('beam_pyspark/worker/shuffle/grouping.py')),
+    ('runner: bundle loop (worker/bundles.py, harnesses/)',
      lambda fn, path: '/beam_pyspark/worker/' in path),
     ('Beam harness per element (operations, DoFn and combine runners, coders)',
      lambda fn, path: '/apache_beam/' in path),
@@ -306,7 +306,7 @@ def time_worker_setup(workload: wl.Workload, paths: dict, output: str) -> dict:
   """Cost of what a fresh Python worker does before its first element."""
   code = ('import time; t=time.perf_counter(); import apache_beam; '
           'from apache_beam.runners.worker import sdk_worker, bundle_processor; '
-          'import beam_pyspark.worker.harness; '
+          'import beam_pyspark.worker.harnesses.embedded; '
           'print(time.perf_counter()-t)')
   times = []
   for _ in range(3):
@@ -318,7 +318,8 @@ def time_worker_setup(workload: wl.Workload, paths: dict, output: str) -> dict:
   from apache_beam.options.pipeline_options import PipelineOptions
   from apache_beam.transforms import environments
   from beam_pyspark.planning import plan_pipeline
-  from beam_pyspark.worker import harness as harness_mod
+  from apache_beam.portability.api import beam_fn_api_pb2
+  from beam_pyspark.worker.harnesses.embedded import EmbeddedHarness
   from beam_pyspark.worker.runtime import JobRuntime
   p = beam.Pipeline(options=PipelineOptions(bench_run.our_flags(None)))
   workload.beam(p, paths, output)
@@ -332,9 +333,8 @@ def time_worker_setup(workload: wl.Workload, paths: dict, output: str) -> dict:
     if stage.kind != 'sdk':
       continue
     t = time.perf_counter()
-    h = harness_mod.EmbeddedHarness(
-        harness_mod.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
-            stage.descriptor))
+    h = EmbeddedHarness(
+        beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor))
     # The bundle processor (DoFn unpickling, setup) is built on first use.
     h.processors.get('probe', h.descriptor.id)
     per_stage[stage.name] = time.perf_counter() - t

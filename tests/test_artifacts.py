@@ -27,7 +27,7 @@ from beam_pyspark.artifacts import ArtifactServiceError
 from beam_pyspark.artifacts import ArtifactStagingError
 from beam_pyspark.artifacts import ArtifactStagingService
 from beam_pyspark.artifacts import UnknownStagingTokenError
-from beam_pyspark.artifacts import staging as staging_module
+from beam_pyspark.artifacts import protocol as staging_module
 from beam_pyspark.artifacts.store import MAX_HINT_CHARS
 from beam_pyspark.artifacts.store import safe_hint
 

@@ -21,7 +21,8 @@ from apache_beam.transforms import environments
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import plan_pipeline
-from beam_pyspark.worker import harness as harness_mod
+from beam_pyspark.worker import harnesses
+from beam_pyspark.worker.harnesses import embedded
 from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.runtime import JobRuntime
@@ -41,7 +42,7 @@ RELEASE = threading.Event()
 def bundle_threads() -> list[str]:
   return [
       t.name for t in threading.enumerate()
-      if t.name.startswith(harness_mod.BUNDLE_THREAD_PREFIX)
+      if t.name.startswith(embedded.BUNDLE_THREAD_PREFIX)
   ]
 
 
@@ -109,10 +110,14 @@ class _Stage:
     return values
 
   def cached_harness(self):
-    return harness_mod._harnesses.get((self.job_id, self.stage.name))
+    return harnesses.cached(self.job_id, self.stage, self.runtime.components)
+
+  def acquire(self):
+    return harnesses.acquire(self.job_id, self.stage, self.runtime.components,
+                             None)
 
   def release(self):
-    harness_mod.release_job(self.job_id)
+    harnesses.release_job(self.job_id)
 
 
 def test_output_reaches_the_task_while_the_bundle_runs():
@@ -153,8 +158,7 @@ def test_a_consumer_that_stops_early_aborts_the_bundle():
     assert wait_for_no_bundle_threads() == []
     # ... and the harness that ran the aborted bundle is not reused.
     assert harness.abandoned
-    again = harness_mod.harness_for(
-        stage.job_id, stage.stage.name, stage.stage.descriptor)
+    again = stage.acquire()
     assert again is not harness
     assert stage.cached_harness() is again
   finally:
@@ -202,11 +206,11 @@ def test_idle_harnesses_are_evicted(monkeypatch):
     idle = old.cached_harness()
     assert idle is not None
     # Not idle long enough yet: kept.
-    harness_mod.harness_for(new.job_id, new.stage.name, new.stage.descriptor)
+    new.acquire()
     assert old.cached_harness() is idle
-    monkeypatch.setattr(harness_mod, 'IDLE_SECS', 0.2)
+    monkeypatch.setattr(harnesses, 'IDLE_SECS', 0.2)
     time.sleep(0.3)
-    harness_mod.harness_for(new.job_id, new.stage.name, new.stage.descriptor)
+    new.acquire()
     assert old.cached_harness() is None
     assert new.cached_harness() is not None
   finally:
@@ -217,15 +221,14 @@ def test_idle_harnesses_are_evicted(monkeypatch):
 def test_a_harness_in_use_is_not_evicted(monkeypatch):
   busy = _Stage(emit_then_wait, label='Busy')
   other = _Stage(lambda _: [(1, b'a')], label='Other')
-  monkeypatch.setattr(harness_mod, 'IDLE_SECS', 0.0)
+  monkeypatch.setattr(harnesses, 'IDLE_SECS', 0.0)
   RELEASE.clear()
   try:
     outputs = busy.runner().run(busy.inputs)
     first = next(outputs)
     harness = busy.cached_harness()
     time.sleep(0.1)
-    harness_mod.harness_for(
-        other.job_id, other.stage.name, other.stage.descriptor)
+    other.acquire()
     assert busy.cached_harness() is harness
     RELEASE.set()
     assert len(busy.decode([first] + list(outputs))) == 41

@@ -1,6 +1,6 @@
 """Staged dependencies without Spark: what the driver ships (spark and
 sdk_dependencies) and how an executor's Python installs and isolates them
-(worker.dependencies), with real pip installs of wheels built here, offline.
+(worker.setup.dependencies), with real pip installs of wheels built here, offline.
 
 The cluster tests (test_cluster.py) run the same code inside executors.
 """
@@ -22,7 +22,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.sdk_dependencies import StagedDependencies
 from beam_pyspark.spark.dependencies import read_dependencies
-from beam_pyspark.worker import dependencies as deps
+from beam_pyspark.worker.setup import dependencies as deps
 from packages import module_source
 from packages import write_wheel
 

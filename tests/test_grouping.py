@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 
-from beam_pyspark.worker import paging
+from beam_pyspark.worker.shuffle import paging
 from beam_pyspark.worker import shuffle
 
 OURS = ['--runner=beam_pyspark.PySparkRunner', '--spark_master_url=local[2]']
@@ -244,7 +244,7 @@ def test_compact_records_group_like_decoded_elements():
   """Key and value bytes sliced from the elements (whatever their pane and
   timestamp) group exactly like whole decoded elements, inline and paged."""
   from apache_beam.utils import windowed_value
-  from beam_pyspark.worker.grouping import group_values
+  from beam_pyspark.worker.shuffle.grouping import group_values
   runtime, spec = _plan_one_gbk()
   assert shuffle.is_global_bytes_kv(runtime.coder(spec.safe_input_coder_id))
   in_impl = runtime.coder_impl(spec.safe_input_coder_id)

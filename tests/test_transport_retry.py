@@ -28,8 +28,8 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_pyspark.planning.plan import plan_pipeline
-from beam_pyspark.worker import harness as harness_mod
-from beam_pyspark.worker import remote
+from beam_pyspark.worker import harnesses
+from beam_pyspark.worker.harnesses.remote import RemoteHarness
 from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
@@ -191,8 +191,9 @@ class _StatefulStage:
     self.job_id = f'retry-test-{uuid.uuid4().hex[:8]}'
     self.runtime = JobRuntime(self.job_id, plan.components)
     assert self.stage.stateful
-    assert remote.is_remote(
-        self.runtime.components.environments[self.stage.environment_id])
+    assert harnesses.kind_for(
+        self.runtime.components.environments[self.stage.environment_id]
+    ) is harnesses.REMOTE
 
   def _opaque(self, coder_id) -> bool:
     """Whether the runner sees this KV's key and value as the SDK's bytes
@@ -221,10 +222,9 @@ class _StatefulStage:
       values.extend(kvs)
     return values
 
-  def harness(self) -> remote.RemoteHarness:
-    return remote.harness_for(
-        self.job_id, self.stage.environment_id, self.runtime.components, None,
-        harness_mod.DelegatingStateHandler())
+  def harness(self) -> RemoteHarness:
+    return harnesses.acquire(self.job_id, self.stage, self.runtime.components,
+                             None)
 
 
 class _Warnings(logging.Handler):
@@ -270,7 +270,7 @@ def test_a_stateful_bundle_whose_state_channel_is_refused_runs_again(
     # The broken harness was dropped; the task's next stage gets the new one.
     assert stage.harness() is not broken
   finally:
-    remote.release_job(stage.job_id)
+    harnesses.release_job(stage.job_id)
 
 
 def test_the_same_stage_on_a_working_harness_gives_the_same_output(
@@ -282,7 +282,7 @@ def test_the_same_stage_on_a_working_harness_gives_the_same_output(
     assert stage.decode(outputs) == EXPECTED
     assert not [m for m in bundle_warnings if 'lost its Fn API channel' in m]
   finally:
-    remote.release_job(stage.job_id)
+    harnesses.release_job(stage.job_id)
 
 
 # -- harnesses are stopped before their Python worker goes ---------------------
@@ -413,10 +413,10 @@ def test_each_harness_serves_under_a_loopback_address_of_its_own():
       outputs = list(StageRunner(stage.job_id, stage.runtime, stage.stage).run(
           stage.inputs()))
       assert stage.decode(outputs) == EXPECTED
-      remote.discard_harness(stage.job_id, stage.stage.environment_id)
+      harnesses.discard(stage.job_id, stage.stage, stage.runtime.components)
     assert hosts[0] != hosts[1]
   finally:
-    remote.release_job(stage.job_id)
+    harnesses.release_job(stage.job_id)
 
 
 if __name__ == '__main__':

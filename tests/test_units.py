@@ -8,7 +8,7 @@ from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.metrics import merge_monitoring_infos
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import stable_hash
-from beam_pyspark.worker.timers import TimerTable
+from beam_pyspark.streaming.timers import TimerTable
 
 Timer = collections.namedtuple(
     'Timer', 'user_key dynamic_timer_tag windows clear_bit fire_timestamp')
@@ -121,7 +121,7 @@ def test_runner_options_reach_settings():
 
 def test_log_capture_bounds_and_filters():
   import logging
-  from beam_pyspark.worker.logs import capture_logs
+  from beam_pyspark.worker.setup.logs import capture_logs
   with capture_logs(logging.INFO, limit_records=3) as captured:
     logging.getLogger('user.code').debug('dropped: below level')
     logging.getLogger('py4j.java_gateway').warning('dropped: spark plumbing')

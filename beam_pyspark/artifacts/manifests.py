@@ -32,6 +32,8 @@ from typing import Sequence
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.artifacts.store import remove_quietly
+
 _LOGGER = logging.getLogger(__name__)
 
 VERSION = 1
@@ -80,11 +82,11 @@ class ManifestStore:
         os.fsync(f.fileno())
       os.replace(temp, self._path(staging_token))
     except BaseException:
-      _remove_quietly(temp)
+      remove_quietly(temp)
       raise
 
   def remove(self, staging_token: str) -> None:
-    _remove_quietly(self._path(staging_token))
+    remove_quietly(self._path(staging_token))
 
   def load_all(self) -> list[Manifest]:
     """Every readable manifest; unreadable ones are logged and removed.
@@ -95,7 +97,7 @@ class ManifestStore:
     for name in sorted(os.listdir(self.directory)):
       path = os.path.join(self.directory, name)
       if name.startswith(_TEMP_PREFIX):
-        _remove_quietly(path)
+        remove_quietly(path)
         continue
       if not name.endswith(_SUFFIX):
         continue
@@ -120,21 +122,12 @@ class ManifestStore:
         _LOGGER.warning(
             'Ignoring unreadable staging manifest %s: %s: %s', path,
             type(exn).__name__, exn)
-        _remove_quietly(path)
+        remove_quietly(path)
         continue
       if self._path(manifest.staging_token) != path:
         _LOGGER.warning(
             'Ignoring staging manifest %s: it names another token', path)
-        _remove_quietly(path)
+        remove_quietly(path)
         continue
       manifests.append(manifest)
     return manifests
-
-
-def _remove_quietly(path: str) -> None:
-  try:
-    os.remove(path)
-  except FileNotFoundError:
-    pass
-  except OSError:
-    _LOGGER.warning('Could not remove %s', path, exc_info=True)

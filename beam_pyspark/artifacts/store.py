@@ -162,7 +162,7 @@ class BlobStore:
     try:
       handle = self._file_writer(path)
     except BaseException:
-      _remove_quietly(path)
+      remove_quietly(path)
       raise
     return PendingBlob(path, handle, safe_hint(name_hint))
 
@@ -179,7 +179,7 @@ class BlobStore:
       else:
         # Same content already stored (perhaps under another hint): the
         # temporary copy is redundant.
-        _remove_quietly(blob.path)
+        remove_quietly(blob.path)
       entry.holders.add(holder)
       self._held.setdefault(holder, set()).add(digest)
       return StoredBlob(entry.path, digest, entry.size)
@@ -192,7 +192,7 @@ class BlobStore:
       # The write already failed; a failing close adds nothing the caller
       # can act on, and the file is removed below either way.
       _LOGGER.debug('Closing %s failed', blob.path, exc_info=True)
-    _remove_quietly(blob.path)
+    remove_quietly(blob.path)
 
   def adopt(self, name: str, holder: str) -> StoredBlob:
     """Takes back a file an earlier process stored, held by holder.
@@ -235,7 +235,7 @@ class BlobStore:
             _STORED_NAME.match(name) or name.startswith(PARTIAL_PREFIX)
         ) and os.path.isfile(path) and not os.path.islink(path)
         if ours:
-          _remove_quietly(path)
+          remove_quietly(path)
           deleted.append(name)
         else:
           foreign.append(name)
@@ -250,7 +250,7 @@ class BlobStore:
         entry.holders.discard(holder)
         if not entry.holders:
           del self._entries[digest]
-          _remove_quietly(entry.path)
+          remove_quietly(entry.path)
           deleted += 1
     return deleted
 
@@ -443,7 +443,8 @@ class ArtifactSink:
         self._fail(exn)
 
 
-def _remove_quietly(path: str) -> None:
+def remove_quietly(path: str) -> None:
+  """Removes ``path``; gone already is fine, anything else is logged."""
   try:
     os.remove(path)
   except FileNotFoundError:

@@ -32,6 +32,7 @@ from beam_pyspark.jobservice.jobs import JobRegistry
 from beam_pyspark.jobservice.jobs import JobStateError
 from beam_pyspark.jobservice.jobs import UnknownJobError
 from beam_pyspark.jobservice.store import JobStore
+from beam_pyspark import options as options_module
 from beam_pyspark.options import ignored_by_job_server
 from beam_pyspark.options import runner_options
 from beam_pyspark.planning import check_supported
@@ -155,8 +156,7 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
     options = job_utils.struct_to_dict(request.pipeline_options)
     # Beam's Python client always sends job_name='job'; the user's
     # --job_name travels in the options.
-    job_name = (options.get('beam:option:job_name:v1') or request.job_name or
-                'job')
+    job_name = options_module.job_name(options) or request.job_name or 'job'
     try:
       check_supported(request.pipeline)
     except UnsupportedPipelineError as exn:

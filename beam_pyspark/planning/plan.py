@@ -231,7 +231,7 @@ def plan_pipeline(
             tr.split_buffer_id(t.spec.payload)[0] == 'group'):
           # Grouped values may come as a state-backed iterable: the first
           # values inline, the rest in pages over the state API
-          # (worker.paging).  The harness decodes both forms with it.
+          # (worker.shuffle.paging).  The harness decodes both forms with it.
           port_coder = context.with_state_iterables(port_coder)
         t.spec.payload = _grpc_port(port_coder)
       elif t.spec.urn == DATA_OUTPUT_URN:

@@ -4,7 +4,7 @@ The driver reads the artifacts of the environments its stages run in (local
 files, in the job server's artifact directory or the runner's temporary
 staging directory; URLs through Beam's file systems) and ships them in one
 Spark broadcast, created for the job and destroyed with it. Executors install
-them once per host (``beam_pyspark.worker.dependencies``) when the job's
+them once per host (``beam_pyspark.worker.setup.dependencies``) when the job's
 first task arrives.
 
 Why a broadcast, not ``SparkContext.addFile``: files added to a context stay
@@ -30,7 +30,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
-from beam_pyspark.worker import dependencies as worker_deps
+from beam_pyspark.worker.setup import dependencies as worker_deps
 
 _ARTIFACT_TYPES = common_urns.artifact_types
 _ARTIFACT_ROLES = common_urns.artifact_roles

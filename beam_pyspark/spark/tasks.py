@@ -22,15 +22,16 @@ from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark.dependencies import activate as activate_dependencies
 from beam_pyspark.spark.session import driver_python_path
 from beam_pyspark.worker import elements
-from beam_pyspark.worker import paging
-from beam_pyspark.worker import remote
+from beam_pyspark.worker.shuffle import paging
+from beam_pyspark.worker import harnesses
 # Registers the in-process harness's reader of bounded source splits
 # (planning.reads) in every Python worker that runs a task.
 from beam_pyspark.worker import reads as _harness_reads  # pylint: disable=unused-import
 from beam_pyspark.worker import shuffle
+from beam_pyspark.options import DEFAULT_SPLIT_AFTER_SECS
 from beam_pyspark.worker.bundles import StageRunner
-from beam_pyspark.worker.grouping import group_values
-from beam_pyspark.worker.logs import capture_logs
+from beam_pyspark.worker.shuffle.grouping import group_values
+from beam_pyspark.worker.setup.logs import capture_logs
 from beam_pyspark.worker.runtime import job_runtime
 
 
@@ -62,6 +63,8 @@ class TaskContext:
   dependencies: object = None
   # The job's pipeline options (Job API form), for harnesses over gRPC.
   pipeline_options: Optional[dict] = None
+  # RunnerOptions.split_stragglers_after_secs (0: never split).
+  split_after_secs: float = DEFAULT_SPLIT_AFTER_SECS
   # Whether Python workers also log to their stderr: on a local master that
   # is the user's console, where the job's messages already show them.
   worker_console_logs: bool = True
@@ -114,7 +117,7 @@ def _quiet_worker_console() -> None:
   ``logging.warning`` about apitools runs ``basicConfig``), so on a local
   master every record a DoFn or Beam logged in an executor reached the
   user's console as well as the job's messages (through the task's log
-  capture, worker.logs, which stays): a failing element printed its
+  capture, worker.setup.logs, which stays): a failing element printed its
   traceback twice more.
   """
   root = logging.getLogger()
@@ -161,12 +164,12 @@ class NotTag:
 
 
 class ReleaseJob:
-  """foreach: stop the job's out-of-process harnesses in this Python worker."""
+  """foreach: stop the job's harnesses in this Python worker."""
   def __init__(self, job_id: str):
     self.job_id = job_id
 
   def __call__(self, _):
-    remote.release_job(self.job_id)
+    harnesses.release_job(self.job_id)
 
 
 class RunStage:
@@ -203,7 +206,8 @@ class RunStage:
         side_inputs=self.side.value if self.side is not None else (),
         bundle_bytes=ctx.bundle_bytes,
         on_finish=report,
-        pipeline_options=ctx.pipeline_options)
+        pipeline_options=ctx.pipeline_options,
+        split_after_secs=ctx.split_after_secs)
     keyers = {}
     for transform_id, (coder_id, partitions, compact) in (
         self.group_outputs.items()):
@@ -230,11 +234,11 @@ class RunStage:
       except Exception:
         # PySpark ends this Python worker once the task has failed, with
         # os._exit: its out-of-process harnesses must end their streams now
-        # (worker.remote.stop_all).
-        remote.stop_all()
+        # (worker.harnesses.stop_all).
+        harnesses.stop_all()
         raise
       finally:
-        # The pages of groups this stage consumed (worker.paging).
+        # The pages of groups this stage consumed (worker.shuffle.paging).
         paging.release(attempt)
         # A failed task's accumulator updates are dropped by Spark; its
         # error (with the user's traceback) reaches the job another way.
@@ -274,7 +278,7 @@ class GroupValues:
   ``budget``: bytes of records grouped in memory before sorted runs spill
   to local disk.  ``paged``: the consuming stage runs in this same task and
   reads the group as its main input, so a large group's values may reach
-  it in pages over the state API (worker.paging).
+  it in pages over the state API (worker.shuffle.paging).
   """
   def __init__(self, ctx: TaskContext, spec: GroupSpec, budget: int,
                paged: bool, compact: bool = False):

@@ -6,7 +6,7 @@ objects:
 * impulse        -> parallelize([encoded impulse])
 * materialize    -> chunks of encoded elements; several producers -> union
 * group          -> (encoded key, encoded element), shuffled with a stable
-                    hash, grouped on the reduce side (worker.grouping)
+                    hash, grouped on the reduce side (worker.shuffle.grouping)
 * reshuffle      -> elements spread over partitions; SDF restrictions packed
                     by size, largest first
 * stateful stage -> input partitioned by encoded key
@@ -50,7 +50,7 @@ from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
 from beam_pyspark.worker.bundles import splittable_input
-from beam_pyspark.worker.remote import is_remote
+from beam_pyspark.worker import harnesses
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.shuffle import is_global_bytes_kv
 from beam_pyspark.worker.state import side_input_entries
@@ -99,9 +99,6 @@ class SparkPipelineJob:
         si.buffer_id for s in plan.stages for si in s.side_inputs}
     self._broadcasts: list = []
     self._group_budget = group_budget(sc, self.options.group_memory_mb)
-    self._remote_envs = {
-        env_id for env_id, env in self._runtime.components.environments.items()
-        if is_remote(env)}
 
   # -- public ---------------------------------------------------------------
 
@@ -120,6 +117,7 @@ class SparkPipelineJob:
         log_level=self.options.log_level,
         log_overrides=self.options.log_overrides,
         pipeline_options=self.options.job_options,
+        split_after_secs=self.options.split_stragglers_after_secs,
         worker_console_logs=not sc.master.startswith('local'))
     self._logs_forwarded = 0
     try:
@@ -171,14 +169,12 @@ class SparkPipelineJob:
     return f'Spark {self.sc.master}'
 
   def _release_harnesses(self) -> None:
-    """Best effort: stop the job's harness processes when the job ends.
+    """Best effort: stop the job's harnesses when the job ends.
 
-    A task per Python worker slot asks its worker to stop them; a worker
-    that gets none stops them when idle (worker.remote.IDLE_SECS).
+    A task per Python worker slot asks its worker to stop them (in-process
+    harnesses hold their DoFns' set-up resources, others a process); a
+    worker that gets none stops them when idle (worker.harnesses.IDLE_SECS).
     """
-    if not any(s.environment_id and s.environment_id in self._remote_envs
-               for s in self.plan.stages):
-      return
     slots = 2 * max(1, self.sc.defaultParallelism)
     try:
       self.sc.setJobGroup(
@@ -218,12 +214,7 @@ class SparkPipelineJob:
         inputs.append(
             sc.union(keyed).partitionBy(self._parallelism, stable_hash)
             .mapPartitions(tasks.pack_tagged, preservesPartitioning=True))
-    if not inputs:
-      input_rdd = sc.parallelize([], 1)
-    elif len(inputs) == 1:
-      input_rdd = inputs[0]
-    else:
-      input_rdd = sc.union(inputs)
+    input_rdd = self._union(inputs)
 
     side = None
     if stage.side_inputs:
@@ -249,7 +240,10 @@ class SparkPipelineJob:
 
   def _may_split(self, stage: StagePlan) -> bool:
     """A splittable stage in its own harness: the runner may split it."""
-    if stage.stateful or stage.environment_id not in self._remote_envs:
+    if stage.stateful or not stage.environment_id:
+      return False
+    env = self._runtime.components.environments[stage.environment_id]
+    if not harnesses.kind_for(env).splits_bundles:
       return False
     if self.options.split_stragglers_after_secs <= 0:
       return False
@@ -278,7 +272,7 @@ class SparkPipelineJob:
       out = (
           residual.repartition(min(count, self._parallelism))
           .mapPartitionsWithIndex(run))
-    return rounds[0] if len(rounds) == 1 else self.sc.union(rounds)
+    return self._union(rounds)
 
   def _reshuffle(self, stage: StagePlan):
     (in_id, buffer_id), = stage.inputs.items()
@@ -334,6 +328,12 @@ class SparkPipelineJob:
 
   # -- buffers --------------------------------------------------------------
 
+  def _union(self, rdds: list):
+    """One RDD of all of ``rdds``: the only one as it is, none as empty."""
+    if not rdds:
+      return self.sc.parallelize([], 1)
+    return rdds[0] if len(rdds) == 1 else self.sc.union(rdds)
+
   def _buffer(self, buffer_id: bytes):
     rdd = self._buffer_rdds.get(buffer_id)
     if rdd is not None:
@@ -344,12 +344,13 @@ class SparkPipelineJob:
     else:
       producers = self._producer_rdds.get(buffer_id, [])
       if not producers:
-        # E.g. a Flatten of no inputs: an empty PCollection.
-        source = sc.parallelize([], 1)
-      elif len(producers) == 1:
-        source = producers[0]
-      else:
-        source = sc.union(producers)
+        if buffer_id in self._producers:
+          # Translating stages out of order would read nothing, silently.
+          raise RuntimeError(
+              f'buffer {buffer_id!r} is read before the stage that writes '
+              'it was translated: the plan is not in producer order')
+      # None (e.g. a Flatten of no inputs): an empty PCollection.
+      source = self._union(producers)
       kind, _ = tr.split_buffer_id(buffer_id)
       if kind == 'group':
         # Producers packed their records per reduce partition (RunStage);

@@ -6,10 +6,11 @@ rounds until none remain. A bundle that asks for finalization is finalized
 once its output has been handed downstream, before its residuals run.
 
 A bundle's output is handed downstream as the harness writes it (the
-in-process harness streams it; the gRPC harness's is collected first, so
+in-process harness streams it; the gRPC harnesses collect it first, so
 that a bundle whose channel failed can be retried): a bundle that fails
 partway has already yielded some output, which Spark drops with the failed
-task.
+task. Which harness runs the stage is the harness cache's business
+(``worker.harnesses``); this module sees only the ``Harness`` interface.
 """
 
 from __future__ import annotations
@@ -30,17 +31,17 @@ from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import metrics_pb2
 
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.options import DEFAULT_SPLIT_AFTER_SECS
 from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import StagePlan
-from beam_pyspark.worker import harness as harness_mod
-from beam_pyspark.worker import remote
+from beam_pyspark.streaming.timers import TimerTable
+from beam_pyspark.worker import harnesses
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.elements import split_elements
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.state import StateEntries
 from beam_pyspark.worker.state import task_state
-from beam_pyspark.worker.timers import TimerTable
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -53,8 +54,6 @@ MAX_RESUME_DELAY_SECS = 0.5
 # Output records of a stage that carry work split off a straggling bundle,
 # to be run again in another task: (RESIDUAL_TAG, (input id, element)).
 RESIDUAL_TAG = '\x00residual'
-SPLIT_OPTION = 'beam:option:split_stragglers_after_secs:v1'
-DEFAULT_SPLIT_AFTER_SECS = 10.0
 
 
 _TRANSPORT_FAILURES = (
@@ -73,14 +72,6 @@ def _transport_line(error: str) -> str:
     if any(marker in line for marker in _TRANSPORT_FAILURES):
       return line.strip()
   return error.strip().splitlines()[-1]
-
-
-def split_after_secs(pipeline_options) -> float:
-  """How long a splittable bundle runs before the runner splits it (0: never)."""
-  value = (pipeline_options or {}).get(SPLIT_OPTION)
-  if value is None or value == '':
-    return DEFAULT_SPLIT_AFTER_SECS
-  return float(value)
 
 
 def splittable_input(descriptor) -> Optional[str]:
@@ -125,7 +116,11 @@ class StageRunner:
       side_inputs: Iterable[StateEntries] = (),
       bundle_bytes: int = DEFAULT_BUNDLE_BYTES,
       on_finish: Optional[Callable[[TaskResult], None]] = None,
-      pipeline_options: Optional[dict] = None):
+      pipeline_options: Optional[dict] = None,
+      split_after_secs: float = DEFAULT_SPLIT_AFTER_SECS):
+    """``pipeline_options``: the job's, handed as they are to harnesses in
+    their own processes; ``split_after_secs``: how long a splittable bundle
+    runs before the runner splits it (0: never)."""
     self.job_id = job_id
     self.runtime = runtime
     self.stage = stage
@@ -133,10 +128,12 @@ class StageRunner:
     self.bundle_bytes = bundle_bytes
     self.on_finish = on_finish
     self.pipeline_options = pipeline_options
-    self._harness = None
+    self.split_after_secs = split_after_secs
+    self._harness: Optional[harnesses.Harness] = None
     self._metrics: list[metrics_pb2.MonitoringInfo] = []
     self._bundles = 0
-    self._timers = TimerTable()
+    self._timers = TimerTable(
+        {(t.transform_id, t.family_id): t.time_domain for t in stage.timers})
     self._to_finalize: list[str] = []
     self._timer_impls = {
         (t.transform_id, t.family_id): runtime.coder_impl(t.coder_id)
@@ -151,8 +148,8 @@ class StageRunner:
     self._expected = list(self.stage.outputs) + [
         (t.transform_id, t.family_id) for t in self.stage.timers]
     self._split = None
-    after = split_after_secs(self.pipeline_options)
-    if after > 0 and isinstance(h, remote.RemoteHarness):
+    after = self.split_after_secs
+    if after > 0 and h.splits_bundles:
       split_input = splittable_input(self._descriptor)
       if split_input is not None:
         self._split = (split_input, after)
@@ -250,52 +247,52 @@ class StageRunner:
       self._to_finalize.append(output.instruction_id)
     return response
 
-  def _start(self, inputs, fired_timers) -> harness_mod.BundleOutput:
+  def _start(self, inputs, fired_timers) -> harnesses.BundleOutput:
     """Starts a bundle on the task's harness."""
     h = self._harness
     iid = h.next_instruction_id()
-    if not isinstance(h, remote.RemoteHarness):
+    if not h.collects_output:
       return h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
           split=self._split)
-    # The gRPC harness's bundle has run when process_bundle returns, its
-    # output collected: a transport failure can still be retried. The
-    # bundle's user state writes are journaled, so that a retry starts
-    # from the state the failed attempt started from (other stages only
-    # read side inputs).
+    # This harness's bundle has run when process_bundle returns, its output
+    # collected: a transport failure can still be retried. The bundle's
+    # user state writes are journaled, so that a retry starts from the
+    # state the failed attempt started from (other stages only read side
+    # inputs).
     journal = self.stage.stateful
     if journal:
       self._state.begin_bundle()
     try:
-      response, elements = h.process_bundle(
+      output = h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
           split=self._split)
-      if response.error and _transport_failure(response.error):
+      error = output.response.error
+      if error and _transport_failure(error):
         # The harness lost a channel to this task's Fn API servers (its
         # state or data stream: Beam's harness keeps a failed stream's error
         # for good). Nothing of the bundle was kept: as a task retry would,
         # run it again on a fresh harness (new servers, new channels).
         _LOGGER.warning(
             'Bundle %s of %s lost its Fn API channel (%s); retrying it once '
-            'on a new harness', iid, self.stage.name,
-            _transport_line(response.error))
+            'on a new harness', iid, self.stage.name, _transport_line(error))
         if journal:
           self._state.rollback_bundle()
           self._state.begin_bundle()
-        remote.discard_harness(self.job_id, self.stage.environment_id)
+        harnesses.discard(self.job_id, self.stage, self.runtime.components)
         h = self._harness = self._acquire_harness()
         h.state.target = self._state
         self._descriptor = h.descriptor_for(
             self.stage.name, self.stage.descriptor)
         iid = h.next_instruction_id()
-        response, elements = h.process_bundle(
+        output = h.process_bundle(
             self._descriptor, iid, inputs, fired_timers, self._expected,
             split=self._split)
     finally:
       # A failed bundle fails its task, whose state goes with it.
       if journal:
         self._state.commit_bundle()
-    return harness_mod.CollectedBundle(iid, response, elements)
+    return output
 
   def _split_residuals(self, data) -> Iterator[tuple[str, tuple[str, bytes]]]:
     """What a runner-initiated split took from the last bundle, as
@@ -318,26 +315,15 @@ class StageRunner:
         if index >= channel.first_residual_element:
           yield RESIDUAL_TAG, (transform_id, element)
 
-  def _acquire_harness(self):
-    env_id = self.stage.environment_id
-    components = self.runtime.components
-    if env_id and remote.is_remote(components.environments[env_id]):
-      return remote.harness_for(
-          self.job_id, env_id, components, self.pipeline_options,
-          harness_mod.DelegatingStateHandler())
-    return harness_mod.harness_for(
-        self.job_id, self.stage.name, self.stage.descriptor)
+  def _acquire_harness(self) -> harnesses.Harness:
+    return harnesses.acquire(self.job_id, self.stage, self.runtime.components,
+                             self.pipeline_options)
 
   def _discard_harness(self) -> None:
-    env_id = self.stage.environment_id
-    if env_id and remote.is_remote(
-        self.runtime.components.environments[env_id]):
-      # A remote harness is shared by the job's stages; drop it only if it
-      # died (a user error leaves it usable, as Beam's harness reports it).
-      if self._harness is not None and self._harness.dead():
-        remote.discard_harness(self.job_id, env_id)
-    else:
-      harness_mod.discard_harness(self.job_id, self.stage.name)
+    """After a failure: the cache drops the harness unless it may be
+    reused (a gRPC harness that a user error left alive is)."""
+    harnesses.discard_after_error(self.job_id, self.stage,
+                                  self.runtime.components, self._harness)
 
   def _finalize(self) -> None:
     h = self._harness

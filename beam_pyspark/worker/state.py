@@ -16,7 +16,7 @@ from apache_beam.runners.portability.fn_api_runner import execution
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
 from beam_pyspark.planning.plan import SideInputSpec
-from beam_pyspark.worker import paging
+from beam_pyspark.worker.shuffle import paging
 from beam_pyspark.worker.runtime import JobRuntime
 
 StateEntries = list[tuple[bytes, bytes]]  # (serialized StateKey, data)
@@ -125,7 +125,7 @@ class _Journaled(collections.defaultdict):
 
 
 class TaskStateServicer(worker_handlers.StateServicer):
-  """Beam's servicer, plus the pages of large groups (``worker.paging``),
+  """Beam's servicer, plus the pages of large groups (``worker.shuffle.paging``),
   and, if ``journaled`` (stateful stages), bundles whose state writes can
   be undone (``begin_bundle``). Other stages keep Beam's plain dicts: their
   side-input reads stay C-level lookups."""

@@ -9,7 +9,7 @@ byte work: values stay encoded with the runner-safe coders and the output is
 one on-time pane per key.  A key whose values outgrow ``inline_bytes`` is
 written with Beam's state-backed iterable form when the consumer allows it
 (``paged``): the values past the first ``inline_bytes`` go to a page file and
-reach the harness page by page (``worker.paging``), so no list of them is
+reach the harness page by page (``worker.shuffle.paging``), so no list of them is
 built.  Any other windowing decodes with the SDK's data channel coders and
 runs Beam's batch trigger driver per key, which gives merging windows,
 custom windows, timestamp combiners and batch triggers; that driver needs a
@@ -31,7 +31,7 @@ from apache_beam.transforms import window
 from apache_beam.utils import windowed_value
 
 from beam_pyspark.planning.plan import GroupSpec
-from beam_pyspark.worker import paging
+from beam_pyspark.worker.shuffle import paging
 from beam_pyspark.worker.elements import CHUNK_BYTES
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.runtime import JobRuntime

@@ -1,0 +1,29 @@
+"""The streaming engine's bookkeeping, sans-I/O: no Spark, no gRPC, no files.
+
+What decides *when* things happen in a streaming Beam job lives here as
+plain state machines fed with events, as Dask's ``WorkerState`` is, so each
+rule is tested by feeding it events (tests/test_streaming_core.py):
+
+- ``watermarks``: per-stage input and output watermarks with holds, by
+  Prism's rules (``input = max(input, min(pending, upstream outputs))``,
+  ``output = max(output, min(input, holds))``);
+- ``timers``: pending timers per (transform, family, key, tag, window),
+  due by event time against a stage's input watermark and by processing
+  time against the batch's clock; their output timestamps hold the
+  watermark. The batch engine drives the same table with both times at
+  +inf once its input is exhausted;
+- ``budget``: a trigger's record budget split evenly and absolutely over
+  the endpoints (source shards) with backlog, as the streaming client of
+  the design documents spreads its work budget.
+
+Times are Beam's, in microseconds (``apache_beam.utils.timestamp``):
+``MIN_MICROS`` is "nothing is known yet", ``MAX_MICROS`` "all input seen".
+The Spark-facing parts (the Structured Streaming source, ``foreachBatch``)
+live under ``spark/`` and call into these.
+"""
+
+from apache_beam.utils.timestamp import MAX_TIMESTAMP
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+
+MIN_MICROS: int = MIN_TIMESTAMP.micros
+MAX_MICROS: int = MAX_TIMESTAMP.micros

@@ -1,0 +1,56 @@
+"""A trigger's work budget, split evenly and absolutely over endpoints.
+
+The streaming client of the design documents spreads its total work budget
+over the backend endpoints it has open: ``q, r = divmod(budget, n)``,
+endpoint i gets ``q + (i < r)``, computed from the total every time (set
+absolutely: adjusting the previous shares relatively drifts). Here the
+endpoints are a source's live shards with backlog, and the budget is the
+records one micro-batch may read. A share an endpoint cannot use (its
+backlog is smaller) goes to the others, evenly again, so the batch reads
+``min(budget, total backlog)`` records whenever it can.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+from typing import Mapping
+from typing import Optional
+
+
+def even_shares(budget: int, n: int) -> list[int]:
+  """``budget`` over ``n`` endpoints: q + (i < r) each, summing to budget."""
+  if n <= 0:
+    return []
+  q, r = divmod(max(0, budget), n)
+  return [q + (i < r) for i in range(n)]
+
+
+def split_budget(
+    budget: int,
+    backlogs: Mapping[Hashable, Optional[int]]) -> dict[Hashable, int]:
+  """Grants per endpoint for one trigger.
+
+  ``backlogs``: endpoint -> records it holds (None: unknown, take any share;
+  0: none now). Endpoints are ordered by key so that the same endpoints
+  and budget give the same grants on a replay. The grants sum to at most
+  ``budget``; an endpoint never gets more than its known backlog.
+  """
+  grants = {endpoint: 0 for endpoint in backlogs}
+  open_ = sorted((e for e, b in backlogs.items() if b is None or b > 0),
+                 key=repr)
+  left = max(0, budget)
+  while open_ and left > 0:
+    shares = even_shares(left, len(open_))
+    still_open = []
+    for endpoint, share in zip(open_, shares):
+      backlog = backlogs[endpoint]
+      room = None if backlog is None else backlog - grants[endpoint]
+      take = share if room is None else min(share, room)
+      grants[endpoint] += take
+      left -= take
+      if room is None or take < room:
+        still_open.append(endpoint)
+    # Either the shares summed to what was left (now 0), or an endpoint
+    # used up its backlog and leaves: each round ends the loop or shrinks it.
+    open_ = still_open
+  return grants

@@ -1,0 +1,145 @@
+"""What every SDK harness kind shares with the runner's side of a bundle.
+
+``Harness`` is the interface ``worker.bundles.StageRunner`` drives; a
+bundle's output is a ``BundleOutput`` whichever harness ran it. State
+requests reach the task's servicer through a ``DelegatingStateHandler``
+whose target is swapped per task (a PySpark Python worker runs one task at
+a time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+from typing import Optional
+from typing import Protocol
+from typing import Union
+
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.runners.worker import sdk_worker
+
+OutputElement = Union[beam_fn_api_pb2.Elements.Data,
+                      beam_fn_api_pb2.Elements.Timers]
+
+class BundleOutput(Protocol):
+  """What a harness's ``process_bundle`` returns.
+
+  Iterate it once for the bundle's output: ``Elements.Data`` and
+  ``Elements.Timers``, in the order the harness wrote them.  Once the
+  iteration has ended, ``response`` is the bundle's InstructionResponse;
+  an error of the bundle's code is either raised by the iteration or in
+  ``response.error``.  ``close()`` gives up on the rest of the output.
+  """
+  instruction_id: str
+  response: Optional[beam_fn_api_pb2.InstructionResponse]
+
+  def __iter__(self) -> Iterator[OutputElement]:
+    ...
+
+  def close(self) -> None:
+    ...
+
+
+class CollectedBundle:
+  """A BundleOutput of a bundle that has already run: its response and
+  its output, held (the gRPC harnesses, harnesses.remote, return these)."""
+  def __init__(self, instruction_id: str, response, elements):
+    self.instruction_id = instruction_id
+    self.response = response
+    self._elements = elements
+
+  def __iter__(self) -> Iterator[OutputElement]:
+    return iter(self._elements)
+
+  def close(self) -> None:
+    self._elements = ()
+
+
+class Harness(Protocol):
+  """One SDK harness, as the runner's side of a stage drives it.
+
+  ``collects_output``: a bundle's output is held until the bundle ended
+  (the gRPC harnesses), so a bundle whose Fn API channel failed left
+  nothing downstream and can be run again on a new harness; the in-process
+  harness streams output instead. ``splits_bundles``: the runner may split
+  its straggling splittable bundles (``process_bundle(split=...)``), the
+  split's response then in ``last_split``.
+  """
+  state: 'DelegatingStateHandler'
+  last_split: Optional[beam_fn_api_pb2.ProcessBundleSplitResponse]
+  last_used: float
+  collects_output: bool
+  splits_bundles: bool
+
+  def descriptor_for(
+      self, stage_name: str,
+      descriptor: bytes) -> beam_fn_api_pb2.ProcessBundleDescriptor:
+    """The stage's descriptor, registered with this harness."""
+
+  def next_instruction_id(self) -> str:
+    ...
+
+  def process_bundle(self, descriptor, iid: str, data: dict, timers: dict,
+                     expected: list, split=None) -> 'BundleOutput':
+    """Starts (or runs) one bundle with this input and timers."""
+
+  def do(self, request: beam_fn_api_pb2.InstructionRequest
+         ) -> beam_fn_api_pb2.InstructionResponse:
+    """Any other instruction (finalization, progress, split)."""
+
+  def flush_logs(self) -> None:
+    """Waits briefly for log entries the harness is still sending."""
+
+  def dead(self) -> Optional[str]:
+    """Why the harness is gone (its process exited...), or None."""
+
+  def in_use(self) -> bool:
+    """A task holds it or one of its bundles runs."""
+
+  def reusable_after_error(self) -> bool:
+    """Whether a task may use it again after a bundle failed in it."""
+
+  def shutdown(self) -> None:
+    ...
+
+
+class DelegatingStateHandler(sdk_worker.StateHandler):
+  """Forwards state requests to the current task's state servicer."""
+  def __init__(self):
+    self.target: Optional[sdk_worker.StateHandler] = None
+
+  def _t(self):
+    if self.target is None:
+      raise RuntimeError('no state servicer is attached to this harness')
+    return self.target
+
+  def get_raw(self, state_key, continuation_token=None):
+    return self._t().get_raw(state_key, continuation_token)
+
+  def append_raw(self, state_key, data):
+    return self._t().append_raw(state_key, data)
+
+  def clear(self, state_key):
+    return self._t().clear(state_key)
+
+  @contextlib.contextmanager
+  def process_instruction_id(self, bundle_id):
+    with self._t().process_instruction_id(bundle_id):
+      yield
+
+  def done(self):
+    pass
+
+
+def send_input(channel, iid: str, data: dict, timers: dict) -> None:
+  """Writes and closes every timer and data stream of bundle ``iid``."""
+  for (transform_id, family_id), chunks in timers.items():
+    out = channel.output_timer_stream(iid, transform_id, family_id)
+    for chunk in chunks:
+      out.write(chunk)
+    out.close()
+  for transform_id, chunks in data.items():
+    out = channel.output_stream(iid, transform_id)
+    for chunk in chunks:
+      out.write(chunk)
+    out.close()

@@ -1,0 +1,282 @@
+"""SDK harnesses in their own processes, driven over the gRPC Fn API.
+
+For a stage whose environment is not the embedded one (PROCESS, EXTERNAL and
+so LOOPBACK, Beam's subprocess and embedded-gRPC environments), the Spark
+Python worker running the task serves the runner side of the Fn API
+(``servers``). The harness cache (``worker.harnesses``) keeps one per (job,
+environment), started by the first task that needs it and reused by later
+tasks of the same job (a PySpark worker runs one task at a time).
+
+A harness that dies fails the bundle it was running with a message naming
+the environment and, for processes, the exit code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from typing import Optional
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import beam_provision_api_pb2
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from google.protobuf import struct_pb2
+
+from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.planning.plan import DATA_INPUT_URN
+from beam_pyspark.planning.plan import DATA_OUTPUT_URN
+from beam_pyspark.planning.validate import concrete_environment
+from beam_pyspark.worker.harnesses.base import CollectedBundle
+from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
+from beam_pyspark.worker.harnesses.base import send_input
+from beam_pyspark.worker.harnesses.servers import Manager
+from beam_pyspark.worker.harnesses.servers import ProcessWorkerHandler
+
+_LOGGER = logging.getLogger(__name__)
+
+# How long a task waits, at its end, for the harness's log stream to go
+# quiet, so that what the bundle logged is attributed to it.
+LOG_QUIET_SECS = 0.1
+LOG_WAIT_MAX_SECS = 1.0
+
+class RemoteHarness:
+  """A harness of one environment of one job, over gRPC."""
+  _ids = itertools.count(1)
+  # A bundle's output is collected before process_bundle returns, so a
+  # bundle whose channel failed can be run again; its bundles can be split.
+  collects_output = True
+  splits_bundles = True
+
+  @classmethod
+  def for_stage(cls, job_id: str, stage, components, job_options
+                ) -> 'RemoteHarness':
+    """The harness kind's factory (``worker.harnesses.KINDS``)."""
+    return cls(job_id, stage.environment_id, components, job_options,
+               DelegatingStateHandler())
+
+  def __init__(
+      self, job_id: str, environment_id: str,
+      components: beam_runner_api_pb2.Components,
+      pipeline_options: Optional[dict], state):
+    self.job_id = job_id
+    self.environment_id = environment_id
+    environments = {
+        env_id: concrete_environment(env)
+        for env_id, env in components.environments.items()
+    }
+    self.environment = environments[environment_id]
+    info = beam_provision_api_pb2.ProvisionInfo(
+        pipeline_options=_options_struct(pipeline_options or {}))
+    self.state = state
+    self.manager = Manager(
+        environments, fn_runner.ExtendedProvisionInfo(info, job_name=job_id),
+        state)
+    self.handler = self.manager.start(environment_id)
+    self.runner_side = self.handler.data_conn
+    self._descriptors: dict[str, beam_fn_api_pb2.ProcessBundleDescriptor] = {}
+    self.last_split = None
+    self.last_used = time.monotonic()
+
+  # -- the Harness interface (worker.harnesses.base) --------------------------
+
+  def descriptor_for(self, stage_name: str, descriptor: bytes):
+    d = self._descriptors.get(stage_name)
+    if d is None:
+      d = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor)
+      data_url = self.handler.data_api_service_descriptor().url
+      for transform in d.transforms.values():
+        if transform.spec.urn in (DATA_INPUT_URN, DATA_OUTPUT_URN):
+          port = beam_fn_api_pb2.RemoteGrpcPort.FromString(
+              transform.spec.payload)
+          port.api_service_descriptor.url = data_url
+          transform.spec.payload = port.SerializeToString()
+      d.state_api_service_descriptor.url = (
+          self.handler.state_api_service_descriptor().url)
+      d.timer_api_service_descriptor.url = data_url
+      self.manager.register_process_bundle_descriptor(d)
+      self._descriptors[stage_name] = d
+    return d
+
+  def next_instruction_id(self) -> str:
+    return 'bundle_%d' % next(self._ids)
+
+  def process_bundle(
+      self, descriptor, iid: str, data: dict, timers: dict, expected: list,
+      split: Optional[tuple] = None):
+    """Sends a bundle's input, runs it; returns its collected output.
+
+    Output is read while the bundle runs (the data plane's queues are
+    bounded); a dead harness aborts the wait with a clear error. With
+    ``split`` = (input transform id, seconds), a bundle still running after
+    that long is asked for its progress and split at half its remainder;
+    the split's response is then in ``self.last_split``.
+    """
+    self.last_split = None
+    monitor = None
+    finished = threading.Event()
+    if split is not None:
+      monitor = threading.Thread(
+          target=self._split_straggler, args=(iid, split, finished),
+          name=f'split-{iid}', daemon=True)
+    conn = self.runner_side
+    send_input(conn, iid, data, timers)
+    future = self.handler.control_conn.push(
+        beam_fn_api_pb2.InstructionRequest(
+            instruction_id=iid,
+            process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
+                process_bundle_descriptor_id=descriptor.id)))
+    if monitor is not None:
+      monitor.start()
+    dead = []
+
+    def abort():
+      if future.is_done() and future.get().error:
+        return True
+      reason = self.dead()
+      if reason:
+        dead.append(reason)
+        return True
+      return False
+
+    try:
+      outputs = list(conn.input_elements(iid, expected, abort_callback=abort))
+    finally:
+      finished.set()
+      if monitor is not None:
+        monitor.join()
+    if dead:
+      raise PipelineExecutionError(
+          f'{dead[0]} while running bundle {iid} of job {self.job_id} '
+          f'(environment {self.environment_id!r}, {self.environment.urn}). '
+          'Check the harness command and its log above.')
+    response = self._wait(future, iid)
+    self.last_used = time.monotonic()
+    return CollectedBundle(iid, response, outputs)
+
+  def _split_straggler(self, iid: str, split: tuple, finished) -> None:
+    """Splits bundle ``iid`` once it has run ``after_secs``; a bundle the
+    harness cannot split yet (not started, e.g. on a loaded machine, or at
+    an unsplittable point) is asked again every ``after_secs`` until it
+    splits or ends."""
+    after_secs = split[1]
+    started = time.monotonic()
+    while not finished.wait(after_secs):
+      if self._try_split(iid, split, finished, started):
+        return
+
+  def _try_split(self, iid: str, split: tuple, finished, started) -> bool:
+    input_id = split[0]
+    try:
+      progress = self.do(
+          beam_fn_api_pb2.InstructionRequest(
+              process_bundle_progress=beam_fn_api_pb2.
+              ProcessBundleProgressRequest(instruction_id=iid)))
+      if finished.is_set() or progress.error:
+        return False
+      index = _read_index(progress.process_bundle_progress.monitoring_infos,
+                          input_id)
+      response = self.do(
+          beam_fn_api_pb2.InstructionRequest(
+              process_bundle_split=beam_fn_api_pb2.ProcessBundleSplitRequest(
+                  instruction_id=iid,
+                  desired_splits={
+                      input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.
+                      DesiredSplit(fraction_of_remainder=0.5)
+                  })))
+      if response.error:
+        return False
+      result = response.process_bundle_split
+      if result.residual_roots or result.channel_splits:
+        self.last_split = result
+        _LOGGER.info(
+            'Split straggling bundle %s after %.1fs at input element %s: %d '
+            'residual root(s) and %d channel split(s) go to another task',
+            iid, time.monotonic() - started,
+            'unknown' if index is None else index,
+            len(result.residual_roots), len(result.channel_splits))
+        return True
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.debug('Could not split bundle %s', iid, exc_info=True)
+    return False
+
+  def do(self, request: beam_fn_api_pb2.InstructionRequest):
+    if not request.instruction_id:
+      request.instruction_id = self.next_instruction_id()
+    return self._wait(self.handler.control_conn.push(request),
+                      request.instruction_id)
+
+  def flush_logs(self) -> None:
+    """Waits briefly for log entries the harness is still sending."""
+    deadline = time.monotonic() + LOG_WAIT_MAX_SECS
+    while time.monotonic() < deadline:
+      last = max(self.manager.logs.last_entry, self.last_used)
+      if time.monotonic() - last >= LOG_QUIET_SECS:
+        return
+      time.sleep(LOG_QUIET_SECS / 4)
+
+  def in_use(self) -> bool:
+    return self.state.target is not None
+
+  def reusable_after_error(self) -> bool:
+    # A user error leaves it usable, as Beam's harness reports it.
+    return self.dead() is None
+
+  def dead(self) -> Optional[str]:
+    handler = self.handler
+    if isinstance(handler, ProcessWorkerHandler):
+      return handler.dead()
+    thread = getattr(handler, 'worker_thread', None)
+    if thread is not None and not thread.is_alive():
+      return 'the SDK harness stopped'
+    return None
+
+  def _wait(self, future, iid):
+    # ControlFuture.get(timeout) cannot tell a timeout apart; wait on its
+    # condition and look at the harness between waits.
+    while True:
+      with future._condition:  # pylint: disable=protected-access
+        if not future.is_done() and future._exception is None:  # pylint: disable=protected-access
+          future._condition.wait(1.0)  # pylint: disable=protected-access
+      if future.is_done() or future._exception is not None:  # pylint: disable=protected-access
+        return future.get()
+      reason = self.dead()
+      if reason:
+        raise PipelineExecutionError(
+            f'{reason} while running instruction {iid} of job {self.job_id} '
+            f'(environment {self.environment_id!r}).')
+
+  def shutdown(self) -> None:
+    try:
+      self.manager.close_all()
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.warning('Error stopping the SDK harness of %s', self.job_id,
+                      exc_info=True)
+
+
+def _read_index(infos, input_id: str) -> Optional[int]:
+  """The element index the harness has reached on ``input_id``."""
+  from apache_beam.metrics import monitoring_infos as mi
+  urn = common_urns.monitoring_info_specs.DATA_CHANNEL_READ_INDEX.spec.urn
+  for info in infos:
+    if (info.urn == urn and
+        info.labels.get(mi.PTRANSFORM_LABEL) == input_id):
+      return mi.extract_counter_value(info)
+  return None
+
+
+def _options_struct(options: dict) -> struct_pb2.Struct:
+  struct = struct_pb2.Struct()
+  for key, value in options.items():
+    if isinstance(value, int) and not isinstance(value, bool):
+      value = str(value)  # a Struct holds doubles; the harness wants ints
+
+    try:
+      struct.update({key: value})
+    except (ValueError, TypeError):
+      struct.update({key: json.dumps(value, default=str)})
+  return struct

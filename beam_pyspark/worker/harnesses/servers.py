@@ -1,0 +1,231 @@
+"""The runner's side of the gRPC Fn API for harnesses in their own processes.
+
+Beam's own ``GrpcServer`` and worker handlers serve control (bidirectional
+instruction stream, descriptors fetched on request), data, state, logging,
+provisioning and artifact retrieval; this module adds what they lack here:
+the PROCESS environment started with both boot conventions, worker ids
+unique across Spark's forked Python workers, a loopback address of each
+harness's own, and the harness's logs into this process's logging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from google.protobuf import json_format
+from google.protobuf import text_format
+
+class _LogEntryService(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
+  """The harness's log entries, into this process's logging.
+
+  Each entry is logged at its severity under the harness logger's name, so
+  the task's log capture forwards it to the job like any other record.
+  """
+  def __init__(self):
+    self.last_entry = 0.0
+
+  def Logging(self, log_messages, context=None):
+    yield beam_fn_api_pb2.LogControl()
+    for batch in log_messages:
+      for entry in batch.log_entries:
+        self.last_entry = time.monotonic()
+        level = worker_handlers.LOGENTRY_TO_LOG_LEVEL_MAP.get(
+            entry.severity, logging.INFO)
+        text = entry.message
+        if entry.trace:
+          text += '\n' + entry.trace
+        logging.getLogger(entry.log_location or 'sdk_harness').log(
+            level, '%s', text)
+
+
+class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
+  """``beam:env:process:v1``: the configured command, started here.
+
+  The command gets both conventions: the boot flags that Beam's container
+  boot programs take (--id, --control_endpoint, ...) and the environment
+  variables that ``apache_beam.runners.worker.sdk_worker_main`` reads.
+  """
+  def __init__(self, payload, state, provision_info, grpc_server):
+    super().__init__(state, provision_info, grpc_server)
+    self._payload = payload
+    self.process: Optional[subprocess.Popen] = None
+
+  def start_worker(self):
+    control = self.control_api_service_descriptor()
+    logging_ep = self.logging_api_service_descriptor()
+    options = json_format.MessageToJson(
+        self.provision_info.provision_info.pipeline_options)
+    env = dict(os.environ)
+    # What this Python worker imports (the job's staged dependencies among
+    # it), the harness imports too.
+    env['PYTHONPATH'] = os.pathsep.join(
+        [p for p in sys.path if p] +
+        [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    env.update(self._payload.env)
+    env.update(
+        CONTROL_API_SERVICE_DESCRIPTOR=text_format.MessageToString(control),
+        LOGGING_API_SERVICE_DESCRIPTOR=text_format.MessageToString(logging_ep),
+        PIPELINE_OPTIONS=options,
+        WORKER_ID=self.worker_id,
+        RUNNER_CAPABILITIES=' '.join(worker_handlers.FNAPI_RUNNER_CAPABILITIES))
+    flags = [
+        f'--id={self.worker_id}',
+        f'--provision_endpoint={control.url}',
+        f'--control_endpoint={control.url}',
+        f'--artifact_endpoint={control.url}',
+        f'--logging_endpoint={logging_ep.url}',
+    ]
+    command = self._payload.command
+    with worker_handlers.SUBPROCESS_LOCK:
+      self.process = subprocess.Popen(
+          # exec: the harness replaces the shell, so its exit status is ours
+          'exec ' + command + ' ' + ' '.join(shlex.quote(f) for f in flags),
+          shell=True, env=env, start_new_session=True)
+
+  def dead(self) -> Optional[str]:
+    if self.process is None or self.process.poll() is None:
+      return None
+    rc = self.process.returncode
+    if rc < 0:
+      try:
+        how = f'was killed by signal {-rc} ({signal.Signals(-rc).name})'
+      except ValueError:
+        how = f'was killed by signal {-rc}'
+    else:
+      how = f'exited with code {rc}'
+    return f'the SDK harness process ({self._payload.command!r}) {how}'
+
+
+  def stop_worker(self):
+    if self.process is not None and self.process.poll() is None:
+      self.process.terminate()
+      try:
+        self.process.wait(10)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+
+
+_ids_for_pid: Optional[int] = None
+
+
+def _unique_worker_ids() -> None:
+  """Worker ids unique across processes, not only within one.
+
+  Beam numbers worker handlers from 0 per process, so every Spark Python
+  worker (forked alike) would ask a shared worker pool (LOOPBACK, EXTERNAL)
+  for "worker_0". Servers of ended jobs free their ports for new ones; a
+  harness of an ended job reconnecting to a new server on a reused port
+  must not pass for that server's own harness.
+  """
+  global _ids_for_pid
+  with worker_handlers.WorkerHandler._lock:  # pylint: disable=protected-access
+    if _ids_for_pid != os.getpid():
+      _ids_for_pid = os.getpid()
+      worker_handlers.WorkerHandler._worker_id_counter = (  # pylint: disable=protected-access
+          random.SystemRandom().randrange(1 << 40) * 1000)
+
+
+def _loopback_host(port: int) -> Optional[str]:
+  """An address of this host's loopback of its own for one harness's
+  servers: 127.x.y.z, reachable on Linux (lo holds 127.0.0.0/8), checked.
+
+  gRPC shares one connection (and its reconnect backoff) between all the
+  channels of a process to the same address. A harness whose servers went
+  away with their process (a killed Python worker) keeps retrying its open
+  streams to their ports; a later harness of the same process (LOOPBACK's
+  client runs them all) whose server was given one of those ports would
+  share that failing connection: its state stream fails at once, its
+  control channel may not get ready. Under an address of their own, a later
+  server's ports are new addresses even when the port numbers are not.
+  """
+  if not sys.platform.startswith('linux'):
+    return None
+  rand = random.SystemRandom()
+  host = '127.%d.%d.%d' % (
+      rand.randrange(256), rand.randrange(256), rand.randrange(1, 255))
+  try:
+    with socket.create_connection((host, port), timeout=1.0):
+      return host
+  except OSError:
+    return None
+
+
+_LOCAL_HOSTS = ('localhost', '127.0.0.1', '[::1]', '::1')
+
+
+def _host_from_worker(original):
+  def host_from_worker(self):
+    host = getattr(self._grpc_server, 'loopback_host', None)  # pylint: disable=protected-access
+    if host is not None:
+      payload = getattr(self, '_external_payload', None)
+      if payload is None or payload.endpoint.url.rsplit(
+          ':', 1)[0] in _LOCAL_HOSTS:
+        return host  # the harness runs on this host
+    return original(self)
+  return host_from_worker
+
+
+# Only servers our Manager starts carry a loopback_host: Beam's own runners
+# in the same process are unaffected.
+for _cls in (worker_handlers.GrpcWorkerHandler,
+             worker_handlers.ExternalWorkerHandler):
+  if 'host_from_worker' in vars(_cls):
+    _cls.host_from_worker = _host_from_worker(vars(_cls)['host_from_worker'])
+
+
+class Manager(worker_handlers.WorkerHandlerManager):
+  """Beam's manager, with our state servicer, logging service and PROCESS."""
+  def __init__(self, environments, provision_info, state):
+    _unique_worker_ids()
+    super().__init__(environments, provision_info)
+    self.state_servicer = state
+    self.logs = _LogEntryService()
+
+  def start(self, environment_id: str):
+    environment = self._environments[environment_id]
+    with _patched(worker_handlers, 'BasicLoggingService', lambda: self.logs):
+      self._grpc_server = worker_handlers.GrpcServer(
+          self.state_servicer, self._job_provision_info, self)
+    self._grpc_server.loopback_host = _loopback_host(
+        self._grpc_server.control_port)
+    if environment.urn == common_urns.environments.PROCESS.urn:
+      handler = ProcessWorkerHandler(
+          beam_runner_api_pb2.ProcessPayload.FromString(environment.payload),
+          self.state_servicer,
+          self._job_provision_info.for_environment(environment),
+          self._grpc_server)
+      self._cached_handlers[environment_id].append(handler)
+      self._workers_by_id[handler.worker_id] = handler
+      handler.start_worker()
+      return handler
+    return self.get_worker_handlers(environment_id, 1)[0]
+
+
+@contextlib.contextmanager
+def _patched(module, name, value):
+  with _lock_patch:
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+      yield
+    finally:
+      setattr(module, name, saved)
+
+
+_lock_patch = threading.Lock()
