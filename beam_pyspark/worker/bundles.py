@@ -40,8 +40,9 @@ from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.elements import split_elements
 from beam_pyspark.worker.runtime import JobRuntime
+from beam_pyspark.worker.state import PerTaskState
+from beam_pyspark.worker.state import StateBackend
 from beam_pyspark.worker.state import StateEntries
-from beam_pyspark.worker.state import task_state
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -117,10 +118,12 @@ class StageRunner:
       bundle_bytes: int = DEFAULT_BUNDLE_BYTES,
       on_finish: Optional[Callable[[TaskResult], None]] = None,
       pipeline_options: Optional[dict] = None,
-      split_after_secs: float = DEFAULT_SPLIT_AFTER_SECS):
+      split_after_secs: float = DEFAULT_SPLIT_AFTER_SECS,
+      state_backend: Optional[StateBackend] = None):
     """``pipeline_options``: the job's, handed as they are to harnesses in
     their own processes; ``split_after_secs``: how long a splittable bundle
-    runs before the runner splits it (0: never)."""
+    runs before the runner splits it (0: never); ``state_backend``: where
+    user state lives between tasks (batch: in the task only)."""
     self.job_id = job_id
     self.runtime = runtime
     self.stage = stage
@@ -129,6 +132,7 @@ class StageRunner:
     self.on_finish = on_finish
     self.pipeline_options = pipeline_options
     self.split_after_secs = split_after_secs
+    self.state_backend = state_backend or PerTaskState()
     self._harness: Optional[harnesses.Harness] = None
     self._metrics: list[metrics_pb2.MonitoringInfo] = []
     self._bundles = 0
@@ -153,8 +157,10 @@ class StageRunner:
       split_input = splittable_input(self._descriptor)
       if split_input is not None:
         self._split = (split_input, after)
-    self._state = task_state(self.side_inputs, journaled=self.stage.stateful)
+    self._state = self.state_backend.open(
+        self.side_inputs, journaled=self.stage.stateful)
     h.state.target = self._state
+    succeeded = False
     try:
       pending: dict[str, list[bytes]] = {}
       size = 0
@@ -168,6 +174,7 @@ class StageRunner:
         yield from self._bundle(pending, {})
       while self._timers:
         yield from self._bundle({}, self._timers.take_round())
+      succeeded = True
     except PipelineExecutionError:
       self._discard_harness()
       raise
@@ -180,6 +187,7 @@ class StageRunner:
     finally:
       self._harness.flush_logs()
       self._harness.state.target = None
+      self.state_backend.close(self._state, succeeded)
     if self.on_finish is not None:
       self.on_finish(
           TaskResult(

@@ -1,11 +1,15 @@
-"""Side-input state entries (built on the driver) and per-task servicers."""
+"""Side-input state entries (built on the driver), per-task servicers, and
+the backends that say where user state lives between tasks."""
 
 from __future__ import annotations
 
 import collections
 import struct
 from typing import Iterable
+from typing import Iterator
+from typing import MutableMapping
 from typing import Optional
+from typing import Protocol
 
 import sortedcontainers
 
@@ -156,6 +160,24 @@ class TaskStateServicer(worker_handlers.StateServicer):
       self._ordered_list_keys.undo()
       self._continuations.clear()
 
+  def user_state(self) -> Iterator[tuple[bytes, list]]:
+    """(serialized StateKey, chunks) of the user state held now."""
+    with self._lock:
+      for key, chunks in list(dict.items(self._state)):
+        if chunks and _is_user_state(key):
+          yield key, list(chunks)
+
+  def load_user_state(self, entries: Iterable[tuple[bytes, list]]) -> None:
+    """User state a task starts from (a state backend's)."""
+    with self._lock:
+      for key, chunks in entries:
+        dict.__setitem__(self._state, key, list(chunks))
+        state_key = beam_fn_api_pb2.StateKey.FromString(key)
+        if state_key.WhichOneof('type') == 'ordered_list_user_state':
+          start = state_key.ordered_list_user_state.range.start
+          state_key.ordered_list_user_state.ClearField('range')
+          self._ordered_list_keys[state_key.SerializeToString()].add(start)
+
   def get_raw(self, state_key, continuation_token=None):
     if (state_key.WhichOneof('type') == 'runner' and
         paging.is_paged_token(state_key.runner.key)):
@@ -171,3 +193,66 @@ def task_state(entries: Iterable[StateEntries],
     for key, data in entry_list:
       servicer.append_raw(beam_fn_api_pb2.StateKey.FromString(key), data)
   return servicer
+
+
+def _is_user_state(key: bytes) -> bool:
+  return beam_fn_api_pb2.StateKey.FromString(key).WhichOneof('type') in (
+      USER_STATE_TYPES)
+
+
+# -- state backends ---------------------------------------------------------------
+
+# The user-state kinds a stateful DoFn keeps between bundles (side inputs
+# and the runner's own pages are the task's alone).
+USER_STATE_TYPES = frozenset(
+    ['bag_user_state', 'multimap_user_state', 'ordered_list_user_state'])
+
+
+class StateBackend(Protocol):
+  """Where a stage's user state lives between the tasks that use it.
+
+  ``open`` gives a task its servicer (side inputs loaded, user state as the
+  backend holds it); ``close`` hands it back once the task ended, with
+  ``succeeded`` False for a failed task, whose writes are dropped.
+  """
+  def open(self, side_inputs: Iterable[StateEntries],
+           journaled: bool) -> 'TaskStateServicer':
+    ...
+
+  def close(self, servicer: 'TaskStateServicer', succeeded: bool) -> None:
+    ...
+
+
+class PerTaskState:
+  """Batch: a task's user state starts empty and ends with the task (each
+  key's elements and timers are all in one task)."""
+  def open(self, side_inputs, journaled):
+    return task_state(side_inputs, journaled)
+
+  def close(self, servicer, succeeded):
+    pass
+
+
+class StoredState:
+  """User state kept between tasks in a mapping the caller owns (streaming:
+  a key range's store, versioned by micro-batch), as serialized StateKey ->
+  the list of its encoded chunks. A failed task leaves the store as it was.
+
+  Loads and writes back the whole mapping; the streaming engine hands each
+  task only the state of the keys its partition holds.
+  """
+  def __init__(self, store: MutableMapping[bytes, list]):
+    self.store = store
+
+  def open(self, side_inputs, journaled):
+    servicer = task_state(side_inputs, journaled)
+    servicer.load_user_state(self.store.items())
+    return servicer
+
+  def close(self, servicer, succeeded):
+    if not succeeded:
+      return
+    user_state = dict(servicer.user_state())
+    for key in [k for k in self.store if k not in user_state]:
+      del self.store[key]
+    self.store.update(user_state)
