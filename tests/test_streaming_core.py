@@ -421,3 +421,54 @@ def test_grouper_state_survives_a_snapshot_round_trip():
   # allowed lateness (0 here), then the key's state is dropped.
   assert len(second) == 1
   assert second.advance(Timestamp(11)) == [] and len(second) == 0
+
+
+# -- TestStream as micro-batches ------------------------------------------------
+
+from apache_beam.runners import pipeline_context  # noqa: E402
+
+from beam_pyspark.streaming.teststream import teststream_batches as batches_of  # noqa: E402
+
+
+def _payload(stream):
+  return stream.to_runner_api_parameter(
+      pipeline_context.PipelineContext())[1]
+
+
+def test_teststream_batches_apply_events_in_order():
+  tv = window.TimestampedValue
+  stream = (TestStream()
+            .add_elements([tv('a', 1), tv('b', 2)])
+            .add_elements([tv('c', 3)])
+            .advance_processing_time(5)
+            .advance_watermark_to(10)
+            .add_elements([tv('d', 4)])
+            .advance_watermark_to_infinity())
+  batches = batches_of(_payload(stream), ['None'])
+  coder = stream.coder
+  decoded = [
+      [(ts, coder.decode(e)) for ts, e in b.elements.get('None', [])]
+      for b in batches
+  ]
+  assert decoded == [[(1_000_000, 'a'), (2_000_000, 'b'), (3_000_000, 'c')],
+                     [], [(4_000_000, 'd')], []]
+  assert [b.processing_time for b in batches] == [5_000_000] * 4
+  assert [b.arrival_time for b in batches] == [0, 5_000_000, 5_000_000,
+                                               5_000_000]
+  assert [b.watermarks['None'] for b in batches] == [
+      MIN_MICROS, 10_000_000, MAX_MICROS, MAX_MICROS]
+  assert [b.last for b in batches] == [False, False, False, True]
+
+
+def test_teststream_watermarks_are_per_tag():
+  tv = window.TimestampedValue
+  stream = (TestStream()
+            .add_elements([tv('x', 1)], tag='left')
+            .advance_watermark_to(5, tag='left')
+            .add_elements([tv('y', 2)], tag='right')
+            .advance_watermark_to(7, tag='right'))
+  batches = batches_of(_payload(stream), ['left', 'right'])
+  assert [(b.watermarks['left'], b.watermarks['right']) for b in batches] == [
+      (5_000_000, MIN_MICROS), (5_000_000, 7_000_000),
+      (MAX_MICROS, MAX_MICROS)]
+  assert list(batches[1].elements) == ['right']

@@ -1,0 +1,94 @@
+"""A TestStream as a sequence of micro-batches, sans-I/O.
+
+Beam's TestStream applies its events in order: elements are added at the
+current processing time, then the watermark of a tag, or processing time,
+advances. A micro-batch here is what arrives before one such advance,
+then the advance: batch *i* holds the elements added since the previous
+advance and the watermarks and processing time after advance *i*. Elements
+at the end with no advance after them form a last batch. After the last
+batch every watermark goes to +inf (the stream is exhausted), as Beam's
+runners do when a TestStream ends.
+
+The TestStream's endpoint (a TestStreamService replaying events from
+elsewhere) is not supported: such a payload is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from beam_pyspark.streaming import MAX_MICROS
+from beam_pyspark.streaming import MIN_MICROS
+
+# Beam's TestStream starts its processing-time clock at 0.
+START_PROCESSING_TIME = 0
+
+
+def _micros(millis: int) -> int:
+  """The payload's times are milliseconds; Beam's +-inf survive as such."""
+  if millis >= MAX_MICROS // 1000:
+    return MAX_MICROS
+  if millis <= MIN_MICROS // 1000:
+    return MIN_MICROS
+  return millis * 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class TestStreamBatch:
+  """One micro-batch of a TestStream."""
+  __test__ = False  # not a pytest test class
+  # output tag -> [(timestamp micros, encoded element)] added in this batch
+  # (times in the payload are milliseconds; here microseconds, as Beam's
+  # Timestamp)
+  elements: dict[str, list[tuple[int, bytes]]]
+  # output tag -> watermark (micros) once this batch's advance is applied
+  watermarks: dict[str, int]
+  # processing time (micros) the elements arrived at, and after the advance
+  arrival_time: int
+  processing_time: int
+  last: bool = False
+
+
+def teststream_batches(payload: beam_runner_api_pb2.TestStreamPayload,
+                       tags: list[str]) -> list[TestStreamBatch]:
+  """The micro-batches of a TestStream with these output tags."""
+  if payload.endpoint.url:
+    raise ValueError(
+        f'a TestStream replayed from a TestStreamService '
+        f'({payload.endpoint.url}) is not supported; give its events inline')
+  watermarks = {tag: MIN_MICROS for tag in tags}
+  now = START_PROCESSING_TIME
+  batches: list[TestStreamBatch] = []
+  elements: dict[str, list[tuple[int, bytes]]] = {}
+  arrival = now
+
+  def close(last=False):
+    nonlocal elements, arrival
+    batches.append(TestStreamBatch(
+        elements=elements, watermarks=dict(watermarks), arrival_time=arrival,
+        processing_time=now, last=last))
+    elements = {}
+    arrival = now
+
+  for event in payload.events:
+    kind = event.WhichOneof('event')
+    if kind == 'element_event':
+      added = event.element_event
+      tag = added.tag or (tags[0] if len(tags) == 1 else '')
+      elements.setdefault(tag, []).extend(
+          (_micros(e.timestamp), e.encoded_element) for e in added.elements)
+      continue
+    if kind == 'watermark_event':
+      tag = event.watermark_event.tag or (tags[0] if len(tags) == 1 else '')
+      # A watermark never moves back (Beam's TestStream refuses that too).
+      watermarks[tag] = max(watermarks.get(tag, MIN_MICROS),
+                            _micros(event.watermark_event.new_watermark))
+    elif kind == 'processing_time_event':
+      now += event.processing_time_event.advance_duration * 1000
+    close()
+  for tag in list(watermarks):
+    watermarks[tag] = MAX_MICROS
+  close(last=True)
+  return batches
