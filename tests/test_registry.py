@@ -17,6 +17,7 @@ import grpc
 import pytest
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.metrics import monitoring_infos
 from apache_beam.runners.job import utils as job_utils
 from apache_beam.transforms import environments
@@ -346,3 +347,80 @@ def test_wait_returns_the_final_state(executor):
   threading.Timer(0.1, executor.executions[job_id].emit,
                   [JobState.DONE]).start()
   assert registry.wait(job_id, timeout=10) == JobState.DONE
+
+
+# -- hostile pipelines at Prepare (the hardening issue, defects 1 and 8) -----
+
+
+def _prepare_raw(stub, pipeline):
+  return stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+      pipeline=pipeline, job_name='hostile'), timeout=10)
+
+
+def _refused(stub, pipeline, match):
+  started = time.monotonic()
+  with pytest.raises(grpc.RpcError) as info:
+    _prepare_raw(stub, pipeline)
+  assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (
+      info.value.details())
+  assert match in info.value.details(), info.value.details()
+  assert time.monotonic() - started < 5
+  # The server still answers.
+  stub.GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=10)
+
+
+def test_a_root_that_lists_itself_is_refused_at_once(api):
+  stub, _ = api
+  pipeline = _pipeline()
+  root = pipeline.root_transform_ids[0]
+  pipeline.components.transforms[root].subtransforms.append(root)
+  _refused(stub, pipeline, 'lists itself as a subtransform')
+
+
+def test_a_cycle_of_composites_is_refused(api):
+  stub, _ = api
+  pipeline = _pipeline()
+  transforms = pipeline.components.transforms
+  transforms['loop_a'].unique_name = 'LoopA'
+  transforms['loop_b'].unique_name = 'LoopB'
+  transforms['loop_a'].subtransforms.append('loop_b')
+  transforms['loop_b'].subtransforms.append('loop_a')
+  _refused(stub, pipeline, 'cycle')
+
+
+def test_a_tree_that_repeats_a_child_is_refused_in_linear_time(api):
+  # Each composite lists the same child twice: 2**40 leaves if walked.
+  stub, _ = api
+  pipeline = _pipeline()
+  transforms = pipeline.components.transforms
+  for level in range(40):
+    transforms[f'c{level}'].unique_name = f'C{level}'
+    transforms[f'c{level}'].subtransforms.extend([f'c{level + 1}'] * 2)
+  transforms['c40'].unique_name = 'C40'
+  pipeline.root_transform_ids.append('c0')
+  _refused(stub, pipeline, 'appears twice in the transform tree')
+
+
+def test_a_dangling_subtransform_is_refused(api):
+  stub, _ = api
+  pipeline = _pipeline()
+  root = pipeline.root_transform_ids[0]
+  pipeline.components.transforms[root].subtransforms.append('nowhere')
+  _refused(stub, pipeline, "'nowhere' that is not among")
+
+
+def test_an_empty_pipeline_is_refused(api):
+  stub, _ = api
+  _refused(stub, beam_runner_api_pb2.Pipeline(), 'no root transform')
+
+
+def test_a_garbage_pardo_payload_is_invalid_not_internal(api):
+  stub, _ = api
+  pipeline = _pipeline()
+  for transform in pipeline.components.transforms.values():
+    if transform.spec.urn == 'beam:transform:pardo:v1':
+      transform.spec.payload = b'\xff\xff\xff garbage'
+      break
+  else:
+    raise AssertionError('no ParDo in the test pipeline')
+  _refused(stub, pipeline, 'not a valid ParDoPayload')

@@ -8,6 +8,8 @@ server may not be able to import the user's modules.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from apache_beam.coders import coders as beam_coders
 from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
@@ -97,6 +99,10 @@ def unsupported_reasons(
           f'windowing strategy {ws_id!r} is already merged, which batch '
           'grouping cannot honour')
 
+  structure = _structure_reasons(pipeline)
+  if structure:
+    # Nothing below can walk a malformed tree safely.
+    return reasons + structure
   for transform_id in _leaf_transforms(pipeline):
     transform = components.transforms[transform_id]
     urn = transform.spec.urn
@@ -116,8 +122,14 @@ def unsupported_reasons(
           'primitive nor assigned to an SDK environment')
       continue
     if urn in tr.PAR_DO_URNS:
-      payload = proto_utils.parse_Bytes(
-          transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
+      try:
+        payload = proto_utils.parse_Bytes(
+            transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
+      except Exception as exn:  # pylint: disable=broad-except
+        reasons.append(
+            f'transform {name!r} is a ParDo whose payload is not a valid '
+            f'ParDoPayload ({type(exn).__name__}: {exn})')
+        continue
       for timer_id, spec in payload.timer_family_specs.items():
         if spec.time_domain not in SUPPORTED_TIME_DOMAINS:
           reasons.append(
@@ -162,6 +174,75 @@ def _env_ok(env, supported) -> bool:
         env.payload)
     return any(_env_ok(e, supported) for e in payload.environments)
   return env.urn in supported
+
+
+# Structural problems reported at most, so that a hostile pipeline's
+# refusal stays small.
+MAX_STRUCTURE_REASONS = 10
+
+
+def _structure_reasons(pipeline: beam_runner_api_pb2.Pipeline) -> list[str]:
+  """What makes the transform tree not a tree, found in linear time.
+
+  Every transform id it names must exist; each transform has at most one
+  place in the tree (one parent, or a root); and no chain of parents loops.
+  (A pipeline Beam's SDKs build always passes; a hand-made or hostile one
+  could otherwise send the walk below round a cycle for ever.)
+  """
+  transforms = pipeline.components.transforms
+  if not pipeline.root_transform_ids:
+    return ['the pipeline has no root transform: there is nothing to run']
+  reasons: list[str] = []
+
+  def name(tid):
+    t = transforms.get(tid)
+    return repr(t.unique_name or tid) if t is not None else repr(tid)
+
+  parent: dict[str, Optional[str]] = {}
+  for tid in pipeline.root_transform_ids:
+    if tid not in transforms:
+      reasons.append(f'root transform {tid!r} is not among the pipeline\'s '
+                     'transforms')
+    elif tid in parent:
+      reasons.append(f'transform {name(tid)} is listed twice as a root')
+    else:
+      parent[tid] = None
+  for tid, transform in transforms.items():
+    if len(reasons) >= MAX_STRUCTURE_REASONS:
+      break
+    for child in transform.subtransforms:
+      if child not in transforms:
+        reasons.append(f'transform {name(tid)} lists a subtransform '
+                       f'{child!r} that is not among the pipeline\'s '
+                       'transforms')
+      elif child == tid:
+        reasons.append(f'transform {name(tid)} lists itself as a '
+                       'subtransform')
+      elif child in parent:
+        where = ('a root' if parent[child] is None else
+                 f'a subtransform of {name(parent[child])}')
+        reasons.append(f'transform {name(child)} appears twice in the '
+                       f'transform tree: in {name(tid)} and as {where}')
+      else:
+        parent[child] = tid
+  if reasons:
+    return reasons[:MAX_STRUCTURE_REASONS]
+  # Each transform has at most one parent now: a loop is a chain of parents
+  # that never reaches a root. Memoised, so linear overall.
+  settled: set[str] = set()
+  for start in parent:
+    chain, seen, tid = [], set(), start
+    while tid is not None and tid not in settled:
+      if tid in seen:
+        reasons.append(f'transforms form a cycle through {name(tid)}')
+        break
+      seen.add(tid)
+      chain.append(tid)
+      tid = parent.get(tid)
+    settled.update(chain)
+    if len(reasons) >= MAX_STRUCTURE_REASONS:
+      break
+  return reasons
 
 
 def _leaf_transforms(pipeline: beam_runner_api_pb2.Pipeline):
