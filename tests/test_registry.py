@@ -417,10 +417,85 @@ def test_an_empty_pipeline_is_refused(api):
 def test_a_garbage_pardo_payload_is_invalid_not_internal(api):
   stub, _ = api
   pipeline = _pipeline()
-  for transform in pipeline.components.transforms.values():
-    if transform.spec.urn == 'beam:transform:pardo:v1':
-      transform.spec.payload = b'\xff\xff\xff garbage'
-      break
-  else:
-    raise AssertionError('no ParDo in the test pipeline')
+  # The Map's ParDo (those inside Create's Reshuffle are runner-executed).
+  (pardo,) = [t for t in pipeline.components.transforms.values()
+              if t.spec.urn == 'beam:transform:pardo:v1' and
+              t.unique_name.startswith('Map(str)')]
+  pardo.spec.payload = b'\xff\xff\xff garbage'
   _refused(stub, pipeline, 'not a valid ParDoPayload')
+
+
+# -- preparations and history bounds (defect 3) --------------------------------
+
+
+def test_a_huge_job_name_is_refused(api):
+  stub, _ = api
+  with pytest.raises(grpc.RpcError) as info:
+    _prepare(stub, name='n' * (1 << 20))
+  assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+  assert 'shorter --job_name' in info.value.details()
+  assert len(info.value.details()) < 1000
+  assert stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info == []
+
+
+def test_preparations_count_against_the_history(api, executor):
+  stub, service = api  # history of 3
+  done = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=done))
+  executor.executions[done].emit(JobState.DONE)
+  prepared = [_prepare(stub).preparation_id for _ in range(8)]
+  listed = [j.job_id for j in stub.GetJobs(
+      beam_job_api_pb2.GetJobsRequest()).job_info]
+  # The ended job went first, then the oldest preparations.
+  assert listed == prepared[-3:]
+  # The newest preparations still run.
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=prepared[-1]))
+  assert _state(stub, prepared[-1]) == JobState.RUNNING
+
+
+def test_a_running_job_is_never_dropped_for_preparations(api, executor):
+  stub, _ = api
+  running = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=running))
+  for _ in range(6):
+    _prepare(stub)
+  listed = [j.job_id for j in stub.GetJobs(
+      beam_job_api_pb2.GetJobsRequest()).job_info]
+  assert running in listed
+  assert _state(stub, running) == JobState.RUNNING
+
+
+def test_a_preparation_not_run_in_time_expires(executor):
+  now = [1000.0]
+  registry = JobRegistry(executor, clock=lambda: now[0],
+                         preparation_timeout_secs=60)
+  stale = registry.prepare('old', _pipeline(), {}).job_id
+  now[0] += 30
+  fresh = registry.prepare('new', _pipeline(), {}).job_id
+  now[0] += 31
+  states = {j.job_id: j.state for j in registry.jobs()}
+  assert states == {stale: JobState.FAILED, fresh: JobState.STOPPED}
+  assert any('expired' in m.text for m in registry.messages(stale))
+  with pytest.raises(JobStateError):
+    registry.run(stale)
+  registry.run(fresh)
+  assert stale not in executor.executions
+
+
+def test_get_jobs_stays_under_grpcs_default_message_size(api):
+  stub, _ = api
+  big = {'beam:option:blob:v1': 'x' * (900 << 10)}
+  ids = [_prepare(stub, options=big).preparation_id for _ in range(3)]
+  response = stub.GetJobs(beam_job_api_pb2.GetJobsRequest())
+  assert [j.job_id for j in response.job_info] == ids
+  assert response.ByteSize() < (4 << 20) - (64 << 10)
+  # The newest jobs keep their options.
+  assert response.job_info[-1].pipeline_options.fields['beam:option:blob:v1']
+
+
+def test_oversized_options_are_refused(api):
+  stub, _ = api
+  with pytest.raises(grpc.RpcError) as info:
+    _prepare(stub, options={'beam:option:blob:v1': 'x' * (2 << 20)})
+  assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+  assert 'pipeline options' in info.value.details()

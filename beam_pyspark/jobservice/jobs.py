@@ -37,6 +37,12 @@ from beam_pyspark.jobservice.store import JobStore
 _LOGGER = logging.getLogger(__name__)
 
 DEFAULT_MAX_INVOCATION_HISTORY = 10
+# A preparation not run within this long is expired (as Beam's Java job
+# service times out staging): it ends FAILED, saying so, and leaves the
+# history like any ended job.
+DEFAULT_PREPARATION_TIMEOUT_SECS = 1800.0
+# Beam's clients send short names ('job', or the user's --job_name).
+MAX_JOB_NAME_CHARS = 256
 # Events a live job keeps in memory for its message stream; the store keeps
 # the last DEFAULT_MAX_MESSAGES of its messages for after a restart.
 MAX_LIVE_EVENTS = 10000
@@ -130,8 +136,10 @@ class JobRegistry:
       store: Optional[JobStore] = None,
       max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY,
       on_evict: Optional[Callable[[str], None]] = None,
-      clock: Callable[[], float] = time.time):
+      clock: Callable[[], float] = time.time,
+      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS):
     self._invoke = invoke
+    self._preparation_timeout = preparation_timeout_secs
     self._store = store or JobStore()
     self._max_history = max_invocation_history
     self._on_evict = on_evict
@@ -211,7 +219,13 @@ class JobRegistry:
               options: dict, job_id: Optional[str] = None) -> JobSnapshot:
     """A new job, prepared (STOPPED); counts against the history.
 
-    Its id is ``job_id`` if given (unique), else the name and a UUID."""
+    Its id is ``job_id`` if given (unique), else the name and a UUID.
+    Raises ValueError for a name longer than MAX_JOB_NAME_CHARS."""
+    if len(job_name) > MAX_JOB_NAME_CHARS:
+      raise ValueError(
+          f'The job name is {len(job_name)} characters long; at most '
+          f'{MAX_JOB_NAME_CHARS} are accepted. Give a shorter --job_name.')
+    self.expire_preparations()
     job_id = job_id or f'{job_name}_{uuid.uuid4()}'
     job = _Job(job_id, job_name, options, self._clock(), f'token-{job_id}',
                pipeline=pipeline)
@@ -223,7 +237,52 @@ class JobRegistry:
       self._jobs[job_id] = job
       self._append_state(job, StateEvent(job.created, JobState.STOPPED))
       self._cond.notify_all()
-      return job.snapshot()
+      snapshot = job.snapshot()
+    self._make_room()
+    return snapshot
+
+  def _preparations(self) -> list[_Job]:
+    """Prepared jobs not run (nor cancelled) yet, oldest first (caller
+    holds the condition)."""
+    return sorted((j for j in self._jobs.values()
+                   if not j.has_run and not j.terminal),
+                  key=lambda j: j.created)
+
+  def _make_room(self) -> None:
+    """Preparations count against the history: past the bound, the oldest
+    ended jobs go first, then the oldest preparations expire."""
+    while True:
+      with self._cond:
+        preparations = self._preparations()
+        if len(self._finished) + len(preparations) <= self._max_history:
+          return
+        dropped = self._trim(extra=len(preparations))
+        oldest = None if dropped else preparations[0]
+      self._evict(dropped)
+      if oldest is not None:
+        self._expire(oldest, 'The history of jobs is full: this '
+                     'preparation, the oldest one not run, was dropped.')
+
+  def expire_preparations(self) -> None:
+    """Ends preparations not run within the preparation timeout."""
+    deadline = self._clock() - self._preparation_timeout
+    with self._cond:
+      stale = [j for j in self._preparations() if j.created < deadline]
+    for job in stale:
+      self._expire(job, f'This preparation expired: it was not run within '
+                   f'{self._preparation_timeout:.0f} s.')
+
+  def _expire(self, job: _Job, why: str) -> None:
+    with self._cond:
+      if job.has_run or job.terminal:
+        return
+      self._append_message(job, MessageEvent(
+          self._clock(), Importance.JOB_MESSAGE_ERROR, why))
+      ended = self._append_state(job, StateEvent(self._clock(),
+                                                 JobState.FAILED))
+      self._cond.notify_all()
+    if ended:
+      self._job_ended(job.job_id)
 
   def run(self, job_id: str,
           pipeline: Optional[beam_runner_api_pb2.Pipeline] = None,
@@ -296,14 +355,15 @@ class JobRegistry:
         job.final_metrics = serialized
     with self._cond:
       self._finished.append(job_id)
-      dropped = self._trim()
+      dropped = self._trim(extra=len(self._preparations()))
     self._evict(dropped)
 
-  def _trim(self) -> list[tuple[str, Optional[str]]]:
-    """Drops the oldest ended jobs past the bound (caller holds the lock,
-    or is alone); returns (job id, staging token) of each."""
+  def _trim(self, extra: int = 0) -> list[tuple[str, Optional[str]]]:
+    """Drops the oldest ended jobs past the bound, ``extra`` other jobs
+    counting against it too (caller holds the lock, or is alone); returns
+    (job id, staging token) of each."""
     dropped = []
-    while len(self._finished) > self._max_history:
+    while self._finished and len(self._finished) + extra > self._max_history:
       job_id = self._finished.popleft()
       job = self._jobs.pop(job_id, None)
       self._store.delete_job(job_id)
@@ -333,6 +393,7 @@ class JobRegistry:
 
   def jobs(self) -> list[JobSnapshot]:
     """Every known job, oldest first."""
+    self.expire_preparations()
     with self._cond:
       return sorted((j.snapshot() for j in self._jobs.values()),
                     key=lambda s: s.created)

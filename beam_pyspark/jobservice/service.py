@@ -51,6 +51,14 @@ _OPTION_TYPES = {
 }
 
 
+# A job's pipeline options, as sent at Prepare, at most (Beam's clients send
+# a few KB).
+MAX_OPTIONS_BYTES = 1 << 20
+# What GetJobs spends on options, over all jobs: the rest of gRPC's default
+# 4 MB limit is ample for ids, names and states.
+GET_JOBS_OPTIONS_BYTES = 2 << 20
+
+
 class Refusal(Exception):
   """A request we refuse, with the gRPC status that says why."""
   def __init__(self, code: grpc.StatusCode, message: str):
@@ -168,7 +176,16 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
           grpc.StatusCode.INVALID_ARGUMENT,
           f'The pipeline of job {job_name!r} is malformed: '
           f'{type(exn).__name__}: {exn}') from exn
-    job = self.registry.prepare(job_name, request.pipeline, options)
+    size = request.pipeline_options.ByteSize()
+    if size > MAX_OPTIONS_BYTES:
+      raise Refusal(
+          grpc.StatusCode.INVALID_ARGUMENT,
+          f'The pipeline options of job {job_name[:80]!r} take {size} bytes; '
+          f'at most {MAX_OPTIONS_BYTES} are accepted.')
+    try:
+      job = self.registry.prepare(job_name, request.pipeline, options)
+    except ValueError as exn:
+      raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
     for note in ignored_by_job_server(options, self._spark_master):
       self.registry.note(job.job_id, note)
     if self._staging is not None:
@@ -239,13 +256,18 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
 
   @_unary
   def GetJobs(self, request, context=None):
-    return beam_job_api_pb2.GetJobsResponse(job_info=[
-        beam_job_api_pb2.JobInfo(
-            job_id=job.job_id,
-            job_name=job.job_name,
-            pipeline_options=job_utils.dict_to_struct(job.options),
-            state=job.state) for job in self.registry.jobs()
-    ])
+    """Every job; their options only while the answer stays well under
+    gRPC's default 4 MB message limit (newest jobs first get theirs)."""
+    infos, budget = [], GET_JOBS_OPTIONS_BYTES
+    for job in reversed(self.registry.jobs()):
+      info = beam_job_api_pb2.JobInfo(
+          job_id=job.job_id, job_name=job.job_name, state=job.state)
+      options = job_utils.dict_to_struct(job.options)
+      if options.ByteSize() <= budget:
+        info.pipeline_options.CopyFrom(options)
+        budget -= options.ByteSize()
+      infos.append(info)
+    return beam_job_api_pb2.GetJobsResponse(job_info=list(reversed(infos)))
 
   @_unary
   def GetPipeline(self, request, context=None):
