@@ -176,14 +176,36 @@ class SparkPipelineJob:
     worker that gets none stops them when idle (worker.harnesses.IDLE_SECS).
     """
     slots = 2 * max(1, self.sc.defaultParallelism)
-    try:
-      self.sc.setJobGroup(
-          f'{self.job_id}-release', f'Beam job {self.job_id}: release', True)
-      self.sc.parallelize(range(slots), slots).foreach(
-          tasks.ReleaseJob(self.job_id))
-    except Exception:  # pylint: disable=broad-except
-      _LOGGER.warning('Could not release the harnesses of %s', self.job_id,
-                      exc_info=True)
+    sc, job_id = self.sc, self.job_id
+
+    def release():
+      try:
+        sc.setJobGroup(
+            f'{job_id}-release', f'Beam job {job_id}: release', True)
+        sc.parallelize(range(slots), slots).foreach(tasks.ReleaseJob(job_id))
+      except Exception:  # pylint: disable=broad-except
+        # A context stopped meanwhile took the harnesses with its workers.
+        stopped = getattr(sc, '_jsc', None) is None
+        _LOGGER.log(logging.DEBUG if stopped else logging.WARNING,
+                    'Could not release the harnesses of %s', job_id,
+                    exc_info=True)
+
+    if not all(self._kind(stage).in_process for stage in self.plan.stages):
+      # Harness processes: stopped before the job is reported done, as a
+      # program that exits right after its pipeline would leave them.
+      release()
+    else:
+      # In-process harnesses only: the job's end need not wait for their
+      # release (a Spark job of its own, ~0.1-0.2 s); a worker the release
+      # misses reaps them when idle.
+      threading.Thread(target=release, name=f'release-{job_id}',
+                       daemon=True).start()
+
+  def _kind(self, stage: StagePlan) -> harnesses.HarnessKind:
+    """The kind of harness that runs the stage."""
+    env = (self._runtime.components.environments[stage.environment_id]
+           if stage.environment_id else None)
+    return harnesses.kind_for(env)
 
   # -- stages ---------------------------------------------------------------
 
@@ -240,10 +262,7 @@ class SparkPipelineJob:
 
   def _may_split(self, stage: StagePlan) -> bool:
     """A splittable stage in its own harness: the runner may split it."""
-    if stage.stateful or not stage.environment_id:
-      return False
-    env = self._runtime.components.environments[stage.environment_id]
-    if not harnesses.kind_for(env).splits_bundles:
+    if stage.stateful or not self._kind(stage).splits_bundles:
       return False
     if self.options.split_stragglers_after_secs <= 0:
       return False

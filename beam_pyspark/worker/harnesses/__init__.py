@@ -64,6 +64,8 @@ class HarnessKind:
   per: str
   # Whether the runner may split its straggling splittable bundles.
   splits_bundles: bool
+  # Whether it runs in the Python worker itself (no process of its own).
+  in_process: bool
 
   def create(self, job_id, stage, components, job_options) -> Harness:
     import importlib  # pylint: disable=import-outside-toplevel
@@ -78,10 +80,10 @@ class HarnessKind:
 
 EMBEDDED = HarnessKind(
     'in-process', 'beam_pyspark.worker.harnesses.embedded:EmbeddedHarness',
-    'stage', splits_bundles=False)
+    'stage', splits_bundles=False, in_process=True)
 REMOTE = HarnessKind(
     'gRPC', 'beam_pyspark.worker.harnesses.remote:RemoteHarness',
-    'environment', splits_bundles=True)
+    'environment', splits_bundles=True, in_process=False)
 
 KINDS: dict[str, HarnessKind] = {
     python_urns.EMBEDDED_PYTHON: EMBEDDED,
