@@ -51,6 +51,10 @@ def _job_server_parser(sub) -> None:
   p.add_argument('--job-store', default=None,
                  help='SQLite file of the job store (default: '
                  '<artifacts-dir>/jobs.sqlite).')
+  p.add_argument('--shutdown-grace-secs', type=float, default=20.0,
+                 help='On SIGTERM or SIGINT: how long running jobs may take '
+                 'to finish before they are cancelled (default 20 s: '
+                 'Kubernetes sends SIGKILL 30 s after SIGTERM).')
   p.add_argument('--max-staging-buffer-bytes', type=int,
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
@@ -98,9 +102,19 @@ def main(argv=None) -> int:
     print(f'Expansion service listening on {args.job_host}:'
           f'{server.expansion_port}', flush=True)
   stop = threading.Event()
+  received = []
+
+  def on_signal(signum, _frame):
+    received.append(signal.Signals(signum).name)
+    stop.set()
+
   for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, lambda *_: stop.set())
+    signal.signal(sig, on_signal)
   stop.wait()
+  why = f'The job server is stopping ({received[0]})'
+  print(f'{why}: running jobs may finish within {args.shutdown_grace_secs:g} '
+        's, then they are cancelled', flush=True)
+  server.shutdown(args.shutdown_grace_secs, why)
   server.stop()
   return 0
 

@@ -68,6 +68,10 @@ class JobStateError(Exception):
   """A request the job's state does not allow (e.g. Run twice)."""
 
 
+class ShuttingDownError(Exception):
+  """The service is stopping: it takes no new jobs."""
+
+
 @dataclasses.dataclass(frozen=True)
 class JobSnapshot:
   """What readers (the Job API, the status page) see of one job."""
@@ -148,6 +152,7 @@ class JobRegistry:
     self._jobs: dict[str, _Job] = {}
     # Ended jobs, oldest first: what the history bound evicts.
     self._finished: collections.deque[str] = collections.deque()
+    self._closing = False
     self._recover()
 
   # -- start-up -----------------------------------------------------------
@@ -165,11 +170,11 @@ class JobRegistry:
       job.final_metrics = record.metrics
       job.states = [StateEvent(ts, s) for ts, s in record.states]
       if not job.terminal:
-        self._append_state(job, StateEvent(self._clock(), JobState.FAILED))
         self._append_message(job, MessageEvent(
             self._clock(), Importance.JOB_MESSAGE_ERROR,
             'The job server stopped while this job was '
             f'{"running" if job.has_run else "prepared"}; it did not finish.'))
+        self._append_state(job, StateEvent(self._clock(), JobState.FAILED))
       self._jobs[job.job_id] = job
       self._finished.append(job.job_id)
     # A restarted server holds no more than its bound, at once.
@@ -221,6 +226,10 @@ class JobRegistry:
 
     Its id is ``job_id`` if given (unique), else the name and a UUID.
     Raises ValueError for a name longer than MAX_JOB_NAME_CHARS."""
+    if self._closing:
+      raise ShuttingDownError(
+          'The job server is stopping and takes no new jobs; submit the job '
+          'again once it has restarted.')
     if len(job_name) > MAX_JOB_NAME_CHARS:
       raise ValueError(
           f'The job name is {len(job_name)} characters long; at most '
@@ -273,16 +282,8 @@ class JobRegistry:
                    f'{self._preparation_timeout:.0f} s.')
 
   def _expire(self, job: _Job, why: str) -> None:
-    with self._cond:
-      if job.has_run or job.terminal:
-        return
-      self._append_message(job, MessageEvent(
-          self._clock(), Importance.JOB_MESSAGE_ERROR, why))
-      ended = self._append_state(job, StateEvent(self._clock(),
-                                                 JobState.FAILED))
-      self._cond.notify_all()
-    if ended:
-      self._job_ended(job.job_id)
+    if not job.has_run:
+      self._end(job, JobState.FAILED, why)
 
   def run(self, job_id: str,
           pipeline: Optional[beam_runner_api_pb2.Pipeline] = None,
@@ -294,6 +295,10 @@ class JobRegistry:
     ``invoke`` replaces the registry's executor for this job."""
     with self._cond:
       job = self._get(job_id)
+      if self._closing:
+        raise ShuttingDownError(
+            f'The job server is stopping and runs no new jobs; prepare and '
+            f'run {job_id!r} again once it has restarted.')
       if job.has_run:
         raise JobStateError(f'Job {job_id!r} was already run.')
       if job.terminal:
@@ -339,6 +344,58 @@ class JobRegistry:
       execution.cancel()
     with self._cond:
       return job.state
+
+  def shutdown(self, grace_secs: float, reason: str,
+               cancel_wait_secs: float = 10.0) -> None:
+    """Stops taking jobs; lets running ones finish within ``grace_secs``,
+    then cancels the rest and records why. Jobs that do not stop within
+    ``cancel_wait_secs`` of their cancel, and preparations never run, end
+    FAILED / CANCELLED here, so the store never keeps a job RUNNING that no
+    process runs."""
+    with self._cond:
+      self._closing = True
+      running = [j for j in self._jobs.values() if j.has_run and not j.terminal]
+      preparations = self._preparations()
+    for job in preparations:
+      self._end(job, JobState.CANCELLED,
+                f'{reason}: this preparation was never run.')
+    deadline = time.monotonic() + grace_secs
+    with self._cond:
+      while (any(not j.terminal for j in running) and
+             time.monotonic() < deadline):
+        self._cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+      late = [j for j in running if not j.terminal]
+    for job in late:
+      self.note(job.job_id,
+                f'{reason}: cancelling this job, which did not finish within '
+                f'the {grace_secs:.0f} s grace period.',
+                Importance.JOB_MESSAGE_ERROR)
+      try:
+        self.cancel(job.job_id)
+      except Exception:  # pylint: disable=broad-except
+        _LOGGER.warning('Could not cancel %s', job.job_id, exc_info=True)
+    deadline = time.monotonic() + cancel_wait_secs
+    with self._cond:
+      while (any(not j.terminal for j in late) and
+             time.monotonic() < deadline):
+        self._cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+      stuck = [j for j in late if not j.terminal]
+    for job in stuck:
+      self._end(job, JobState.FAILED,
+                f'{reason}: the job did not stop within '
+                f'{cancel_wait_secs:.0f} s of its cancel.')
+
+  def _end(self, job: _Job, state: int, why: str) -> None:
+    """Ends a job here, with its reason in its messages."""
+    with self._cond:
+      if job.terminal:
+        return
+      self._append_message(job, MessageEvent(
+          self._clock(), Importance.JOB_MESSAGE_ERROR, why))
+      ended = self._append_state(job, StateEvent(self._clock(), state))
+      self._cond.notify_all()
+    if ended:
+      self._job_ended(job.job_id)
 
   def _job_ended(self, job_id: str) -> None:
     """Records its final metrics and trims the history."""
@@ -435,7 +492,11 @@ class JobRegistry:
     # restart too.
     stored = [MessageEvent(ts, importance, text)
               for ts, importance, text in self._store.messages(job.job_id)]
-    merged = sorted(list(job.states) + stored, key=lambda e: e.timestamp)
+    # In time order, the terminal state last: the stream ends with it, and
+    # a message recorded at the same moment (why it ended) must come first.
+    merged = sorted(
+        list(job.states) + stored,
+        key=lambda e: (isinstance(e, StateEvent) and e.terminal, e.timestamp))
     job.events.clear()
     job.events.extend(merged)
     job.messages_loaded = True

@@ -182,6 +182,12 @@ class JobServer:
       self._name_filter.__enter__()
       self._expansion_server.start()
 
+  def shutdown(self, grace_secs: float, why: str = 'The job server is stopping'
+               ) -> None:
+    """Stops taking jobs, lets running ones finish within ``grace_secs``,
+    cancels the rest, recording why (then call ``stop``)."""
+    self.service.registry.shutdown(grace_secs, why)
+
   def stop(self, grace: Optional[float] = 1.0) -> None:
     for server in (self._job_server, self._artifact_server,
                    self._expansion_server):

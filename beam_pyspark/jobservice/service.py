@@ -30,6 +30,7 @@ from beam_pyspark.jobservice.jobs import DEFAULT_MAX_INVOCATION_HISTORY
 from beam_pyspark.jobservice.jobs import Invoke
 from beam_pyspark.jobservice.jobs import JobRegistry
 from beam_pyspark.jobservice.jobs import JobStateError
+from beam_pyspark.jobservice.jobs import ShuttingDownError
 from beam_pyspark.jobservice.jobs import UnknownJobError
 from beam_pyspark.jobservice.store import JobStore
 from beam_pyspark import options as options_module
@@ -74,6 +75,8 @@ def _refusal(exn: BaseException) -> Optional[Refusal]:
     return Refusal(grpc.StatusCode.NOT_FOUND, str(exn))
   if isinstance(exn, JobStateError):
     return Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(exn))
+  if isinstance(exn, ShuttingDownError):
+    return Refusal(grpc.StatusCode.UNAVAILABLE, str(exn))
   return None
 
 
