@@ -154,3 +154,57 @@ def test_straggling_sdf_bundle_is_split_by_the_runner(client_log):
   assert any('Split straggling bundle' in t for t in texts), texts
   assert any('split off straggling bundles run in another round' in t
              for t in texts), texts
+
+
+def _parent_listening_addresses(_):
+  """In the PROCESS harness: the addresses its parent (the Spark Python
+  worker serving its Fn API) listens on, read from /proc like `ss -ltnp`."""
+  import os
+  import socket
+  parent = os.getppid()
+  inodes = set()
+  for fd in os.listdir(f'/proc/{parent}/fd'):
+    try:
+      target = os.readlink(f'/proc/{parent}/fd/{fd}')
+    except OSError:
+      continue
+    if target.startswith('socket:['):
+      inodes.add(target[8:-1])
+  found = []
+  for table, family in (('tcp', socket.AF_INET), ('tcp6', socket.AF_INET6)):
+    with open(f'/proc/net/{table}', encoding='ascii') as f:
+      next(f)
+      for line in f:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state != '0A' or inode not in inodes:  # 0A: LISTEN
+          continue
+        address, port = local.split(':')
+        # Words of the address in host (little-endian) byte order.
+        packed = b''.join(bytes.fromhex(address[i:i + 8])[::-1]
+                          for i in range(0, len(address), 8))
+        host = socket.inet_ntop(family, packed)
+        found.append(f'{host}:{int(port, 16)}')
+  yield sorted(found)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'),
+                    reason='reads /proc, as ss does; Linux only')
+def test_fn_api_servers_of_a_process_harness_listen_on_loopback_only(tmp_path):
+  # The hardening issue, defect 9: Beam's GrpcServer binds '[::]:0', so the
+  # unauthenticated Fn API listened on every interface.
+  out = str(tmp_path / 'listening')
+  with beam.Pipeline(options=PipelineOptions(PROCESS)) as p:
+    _ = (p | beam.Create([0]) | beam.FlatMap(_parent_listening_addresses)
+         | beam.Map(repr) | beam.io.WriteToText(out))
+  import glob
+  import ast
+  addresses = [a for path in glob.glob(out + '*')
+               for line in open(path, encoding='utf-8')
+               for a in ast.literal_eval(line)]
+  # Control, data, state and logging at least.
+  assert len(addresses) >= 4, addresses
+  # IPv4 loopback, possibly as IPv4-mapped IPv6 (gRPC's dual-stack
+  # sockets): never 0.0.0.0 or ::.
+  assert all(a.removeprefix('::ffff:').startswith('127.')
+             for a in addresses), addresses

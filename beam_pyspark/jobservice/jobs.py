@@ -14,7 +14,6 @@ gRPC and no Spark here.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
@@ -25,12 +24,16 @@ from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from beam_pyspark.events import TERMINAL_STATES
 from beam_pyspark.events import Event
 from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
+from beam_pyspark.jobservice.records import Job
+from beam_pyspark.jobservice.records import JobSnapshot
+from beam_pyspark.jobservice.records import JobStateError
+from beam_pyspark.jobservice.records import ShuttingDownError
+from beam_pyspark.jobservice.records import UnknownJobError
 from beam_pyspark.jobservice.store import JobRecord
 from beam_pyspark.jobservice.store import JobStore
 
@@ -43,94 +46,11 @@ DEFAULT_MAX_INVOCATION_HISTORY = 10
 DEFAULT_PREPARATION_TIMEOUT_SECS = 1800.0
 # Beam's clients send short names ('job', or the user's --job_name).
 MAX_JOB_NAME_CHARS = 256
-# Events a live job keeps in memory for its message stream; the store keeps
-# the last DEFAULT_MAX_MESSAGES of its messages for after a restart.
-MAX_LIVE_EVENTS = 10000
 
 # invoke(job_id, pipeline, options, listener) -> an execution with start(),
 # cancel(), committed_metrics and attempted_metrics.
 Invoke = Callable[[str, beam_runner_api_pb2.Pipeline, dict,
                    Callable[[Event], None]], object]
-
-
-class UnknownJobError(KeyError):
-  """No job or preparation has this id."""
-  def __init__(self, job_id: str):
-    super().__init__(job_id)
-    self.job_id = job_id
-
-  def __str__(self) -> str:
-    return (f'No job or preparation with id {self.job_id!r}; GetJobs lists '
-            'the known jobs.')
-
-
-class JobStateError(Exception):
-  """A request the job's state does not allow (e.g. Run twice)."""
-
-
-class ShuttingDownError(Exception):
-  """The service is stopping: it takes no new jobs."""
-
-
-@dataclasses.dataclass(frozen=True)
-class JobSnapshot:
-  """What readers (the Job API, the status page) see of one job."""
-  job_id: str
-  job_name: str
-  state: int
-  created: float
-  states: tuple[StateEvent, ...]
-  options: dict
-  staging_token: Optional[str]
-  has_run: bool
-
-
-class _Job:
-  """One job's record; guarded by the registry's condition."""
-  def __init__(self, job_id: str, job_name: str, options: dict,
-               created: float, staging_token: Optional[str],
-               pipeline: Optional[beam_runner_api_pb2.Pipeline] = None,
-               pipeline_bytes: Optional[bytes] = None):
-    self.job_id = job_id
-    self.job_name = job_name
-    self.options = options
-    self.created = created
-    self.staging_token = staging_token
-    self._pipeline = pipeline
-    self._pipeline_bytes = pipeline_bytes
-    self.states: list[StateEvent] = []
-    # States and messages in order, for the message stream. Past jobs load
-    # their messages from the store when first asked.
-    self.events: collections.deque[Event] = collections.deque(
-        maxlen=MAX_LIVE_EVENTS)
-    self.dropped_events = 0
-    self.execution = None
-    self.has_run = False
-    self.past = False
-    self.messages_loaded = True
-    self.final_metrics: Optional[list[bytes]] = None
-
-  @property
-  def pipeline(self) -> beam_runner_api_pb2.Pipeline:
-    if self._pipeline is None:
-      self._pipeline = beam_runner_api_pb2.Pipeline.FromString(
-          self._pipeline_bytes or b'')
-    return self._pipeline
-
-  @property
-  def state(self) -> int:
-    return self.states[-1].state if self.states else JobState.UNSPECIFIED
-
-  @property
-  def terminal(self) -> bool:
-    return self.state in TERMINAL_STATES
-
-  def snapshot(self) -> JobSnapshot:
-    return JobSnapshot(
-        job_id=self.job_id, job_name=self.job_name, state=self.state,
-        created=self.created, states=tuple(self.states),
-        options=dict(self.options), staging_token=self.staging_token,
-        has_run=self.has_run)
 
 
 class JobRegistry:
@@ -149,7 +69,7 @@ class JobRegistry:
     self._on_evict = on_evict
     self._clock = clock
     self._cond = threading.Condition()
-    self._jobs: dict[str, _Job] = {}
+    self._jobs: dict[str, Job] = {}
     # Ended jobs, oldest first: what the history bound evicts.
     self._finished: collections.deque[str] = collections.deque()
     self._closing = False
@@ -161,7 +81,7 @@ class JobRegistry:
     """Jobs of earlier runs of the server, from the store; those that were
     still running did not finish."""
     for record in self._store.jobs():
-      job = _Job(record.job_id, record.job_name, record.options,
+      job = Job(record.job_id, record.job_name, record.options,
                  record.created, record.staging_token,
                  pipeline_bytes=record.pipeline)
       job.past = True
@@ -182,7 +102,7 @@ class JobRegistry:
 
   # -- writing ------------------------------------------------------------
 
-  def _append_state(self, job: _Job, event: StateEvent) -> bool:
+  def _append_state(self, job: Job, event: StateEvent) -> bool:
     """Records a state change (caller holds the condition, or is alone)."""
     if job.states and (job.states[-1].state == event.state or job.terminal):
       return False
@@ -191,13 +111,13 @@ class JobRegistry:
     self._store.add_state(job.job_id, event.timestamp, event.state)
     return True
 
-  def _append_message(self, job: _Job, event: MessageEvent) -> None:
+  def _append_message(self, job: Job, event: MessageEvent) -> None:
     self._append_event(job, event)
     self._store.add_message(job.job_id, event.timestamp, event.importance,
                             event.text)
 
   @staticmethod
-  def _append_event(job: _Job, event: Event) -> None:
+  def _append_event(job: Job, event: Event) -> None:
     if len(job.events) == job.events.maxlen:
       job.dropped_events += 1
     job.events.append(event)
@@ -236,7 +156,7 @@ class JobRegistry:
           f'{MAX_JOB_NAME_CHARS} are accepted. Give a shorter --job_name.')
     self.expire_preparations()
     job_id = job_id or f'{job_name}_{uuid.uuid4()}'
-    job = _Job(job_id, job_name, options, self._clock(), f'token-{job_id}',
+    job = Job(job_id, job_name, options, self._clock(), f'token-{job_id}',
                pipeline=pipeline)
     self._store.put_job(
         JobRecord(job_id=job_id, job_name=job_name, options=options,
@@ -250,7 +170,7 @@ class JobRegistry:
     self._make_room()
     return snapshot
 
-  def _preparations(self) -> list[_Job]:
+  def _preparations(self) -> list[Job]:
     """Prepared jobs not run (nor cancelled) yet, oldest first (caller
     holds the condition)."""
     return sorted((j for j in self._jobs.values()
@@ -281,7 +201,7 @@ class JobRegistry:
       self._expire(job, f'This preparation expired: it was not run within '
                    f'{self._preparation_timeout:.0f} s.')
 
-  def _expire(self, job: _Job, why: str) -> None:
+  def _expire(self, job: Job, why: str) -> None:
     if not job.has_run:
       self._end(job, JobState.FAILED, why)
 
@@ -385,7 +305,7 @@ class JobRegistry:
                 f'{reason}: the job did not stop within '
                 f'{cancel_wait_secs:.0f} s of its cancel.')
 
-  def _end(self, job: _Job, state: int, why: str) -> None:
+  def _end(self, job: Job, state: int, why: str) -> None:
     """Ends a job here, with its reason in its messages."""
     with self._cond:
       if job.terminal:
@@ -438,7 +358,7 @@ class JobRegistry:
 
   # -- reading ------------------------------------------------------------
 
-  def _get(self, job_id: str) -> _Job:
+  def _get(self, job_id: str) -> Job:
     job = self._jobs.get(job_id)
     if job is None:
       raise UnknownJobError(job_id)
@@ -484,7 +404,7 @@ class JobRegistry:
       self._load_messages(job)
       return [e for e in job.events if isinstance(e, MessageEvent)]
 
-  def _load_messages(self, job: _Job) -> None:
+  def _load_messages(self, job: Job) -> None:
     """A past job's stream: its states and stored messages, in time order."""
     if job.messages_loaded:
       return
@@ -515,7 +435,7 @@ class JobRegistry:
       self._load_messages(job)
     return self._events(job, messages, active, poll_secs)
 
-  def _events(self, job: _Job, messages: bool, active, poll_secs) -> Iterator[Event]:
+  def _events(self, job: Job, messages: bool, active, poll_secs) -> Iterator[Event]:
     sent = 0  # events of job.events already seen, counting dropped ones
     while True:
       with self._cond:

@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Optional
 
+import grpc
+
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_fn_api_pb2_grpc
@@ -30,6 +32,8 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from google.protobuf import json_format
 from google.protobuf import text_format
+
+_LOGGER = logging.getLogger(__name__)
 
 class _LogEntryService(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
   """The harness's log entries, into this process's logging.
@@ -141,47 +145,95 @@ def _unique_worker_ids() -> None:
           random.SystemRandom().randrange(1 << 40) * 1000)
 
 
-def _loopback_host(port: int) -> Optional[str]:
+def _loopback_host() -> str:
   """An address of this host's loopback of its own for one harness's
-  servers: 127.x.y.z, reachable on Linux (lo holds 127.0.0.0/8), checked.
+  servers: 127.x.y.z on Linux (lo holds all of 127.0.0.0/8), else
+  127.0.0.1.
 
-  gRPC shares one connection (and its reconnect backoff) between all the
-  channels of a process to the same address. A harness whose servers went
-  away with their process (a killed Python worker) keeps retrying its open
-  streams to their ports; a later harness of the same process (LOOPBACK's
-  client runs them all) whose server was given one of those ports would
-  share that failing connection: its state stream fails at once, its
-  control channel may not get ready. Under an address of their own, a later
-  server's ports are new addresses even when the port numbers are not.
+  The servers bind there only, never to every interface: the Fn API has no
+  authentication, and whoever reaches it runs code as the job (Beam's Java
+  runner binds its own to the loopback address too). And gRPC shares one
+  connection (and its reconnect backoff) between all the channels of a
+  process to the same address: a harness whose servers went away with their
+  process (a killed Python worker) keeps retrying its open streams to their
+  ports; a later harness of the same process (LOOPBACK's client runs them
+  all) whose server was given one of those ports would share that failing
+  connection. Under an address of their own, a later server's ports are new
+  addresses even when the port numbers are not.
   """
   if not sys.platform.startswith('linux'):
-    return None
+    return '127.0.0.1'
   rand = random.SystemRandom()
-  host = '127.%d.%d.%d' % (
+  return '127.%d.%d.%d' % (
       rand.randrange(256), rand.randrange(256), rand.randrange(1, 255))
-  try:
-    with socket.create_connection((host, port), timeout=1.0):
-      return host
-  except OSError:
-    return None
 
 
 _LOCAL_HOSTS = ('localhost', '127.0.0.1', '[::1]', '::1')
 
 
+def _bind_host(environment) -> str:
+  """Where a harness's Fn API servers listen: a loopback address when the
+  harness runs on this host (PROCESS, Beam's subprocess and embedded-gRPC
+  environments, an EXTERNAL worker pool on this host such as LOOPBACK's on
+  a local master), else this host's address on the route to the worker
+  pool, never every interface."""
+  if environment.urn != common_urns.environments.EXTERNAL.urn:
+    return _loopback_host()
+  payload = beam_runner_api_pb2.ExternalPayload.FromString(environment.payload)
+  host = payload.endpoint.url.rsplit(':', 1)[0].strip('[]')
+  if host in _LOCAL_HOSTS or host.startswith('127.'):
+    return _loopback_host()
+  try:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+      probe.connect((host, 9))  # no packet is sent: this picks the route
+      return probe.getsockname()[0]
+  except OSError:
+    # Not resolvable from here (IPv6 only?): Beam's default, every
+    # interface, rather than a harness that cannot connect.
+    _LOGGER.warning('Could not find the route to the worker pool at %s; '
+                    'its Fn API servers listen on every interface', host)
+    return '[::]'
+
+
+class _BoundServer:
+  """A grpc.Server whose ports are opened on one host, not every interface
+  (Beam's GrpcServer asks for '[::]:0')."""
+  def __init__(self, server, host: str):
+    self._server = server
+    self._host = host
+
+  def add_insecure_port(self, address: str) -> int:
+    if address.startswith('[::]:'):
+      address = f'{self._host}:{address[5:]}'
+    return self._server.add_insecure_port(address)
+
+  def __getattr__(self, name):
+    return getattr(self._server, name)
+
+
+class _BindingGrpc:
+  """The grpc module as Beam's GrpcServer sees it while we build one."""
+  def __init__(self, real, host: str):
+    self._real = real
+    self._host = host
+
+  def server(self, *args, **kwargs):
+    return _BoundServer(self._real.server(*args, **kwargs), self._host)
+
+  def __getattr__(self, name):
+    return getattr(self._real, name)
+
+
 def _host_from_worker(original):
   def host_from_worker(self):
-    host = getattr(self._grpc_server, 'loopback_host', None)  # pylint: disable=protected-access
-    if host is not None:
-      payload = getattr(self, '_external_payload', None)
-      if payload is None or payload.endpoint.url.rsplit(
-          ':', 1)[0] in _LOCAL_HOSTS:
-        return host  # the harness runs on this host
+    host = getattr(self._grpc_server, 'advertised_host', None)  # pylint: disable=protected-access
+    if host is not None and host != '[::]':
+      return host  # where its servers listen, and only there
     return original(self)
   return host_from_worker
 
 
-# Only servers our Manager starts carry a loopback_host: Beam's own runners
+# Only servers our Manager starts carry an advertised_host: Beam's own runners
 # in the same process are unaffected.
 for _cls in (worker_handlers.GrpcWorkerHandler,
              worker_handlers.ExternalWorkerHandler):
@@ -199,11 +251,15 @@ class Manager(worker_handlers.WorkerHandlerManager):
 
   def start(self, environment_id: str):
     environment = self._environments[environment_id]
-    with _patched(worker_handlers, 'BasicLoggingService', lambda: self.logs):
+    host = _bind_host(environment)
+    with _patched(worker_handlers, 'BasicLoggingService', lambda: self.logs), \
+        _patched(worker_handlers, 'grpc', _BindingGrpc(grpc, host)):
       self._grpc_server = worker_handlers.GrpcServer(
           self.state_servicer, self._job_provision_info, self)
-    self._grpc_server.loopback_host = _loopback_host(
-        self._grpc_server.control_port)
+    self._grpc_server.advertised_host = host
+    # Beam's own address for the control service says 'localhost'.
+    self._grpc_server.control_address = (
+        f'{host}:{self._grpc_server.control_port}')
     if environment.urn == common_urns.environments.PROCESS.urn:
       handler = ProcessWorkerHandler(
           beam_runner_api_pb2.ProcessPayload.FromString(environment.payload),
@@ -228,4 +284,4 @@ def _patched(module, name, value):
       setattr(module, name, saved)
 
 
-_lock_patch = threading.Lock()
+_lock_patch = threading.RLock()  # nested patches in one thread
