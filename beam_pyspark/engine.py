@@ -4,8 +4,9 @@
 state); an ``Engine`` runs its plan. Which engine runs a job is chosen per
 job (``engine_kind``) from a registry keyed by kind, as Beam's worker
 handlers are chosen by environment URN: an unknown kind is an error. Until
-the streaming engine is registered, a job that wants streaming runs on the
-batch engine with a warning in its messages, as before. Engines are imported lazily, so this module and
+the streaming engine is registered, --streaming is refused and unbounded
+PCollections run on the batch engine with a warning in the job's messages,
+as before. Engines are imported lazily, so this module and
 its callers need no Spark.
 """
 
@@ -73,8 +74,9 @@ def check_engine(pipeline: beam_runner_api_pb2.Pipeline,
                  options: RunnerOptions) -> tuple[str, Optional[str]]:
   """(the engine kind that runs the job, a warning for its messages or None).
 
-  While no streaming engine is registered, a job that wants one runs on
-  the batch engine, as Beam's own FnApiRunner runs it: unbounded splittable
+  While no streaming engine is registered, ``--streaming`` is refused, and
+  a job with unbounded PCollections runs on the batch engine, as Beam's own
+  FnApiRunner runs it: unbounded splittable
   DoFns are processed until they stop claiming (a PeriodicImpulse with a
   stop time ends; one without never does), watermarks and processing time
   are not simulated. That is how this runner behaved before the engine
@@ -83,12 +85,19 @@ def check_engine(pipeline: beam_runner_api_pb2.Pipeline,
   kind = engine_kind(pipeline, options)
   if kind in ENGINES:
     return kind, None
+  if kind == STREAMING and options.streaming:
+    # Asked for explicitly: streaming semantics (watermarks, triggers
+    # firing before the end) that batch cannot give.
+    raise UnsupportedPipelineError([
+        'The pipeline was submitted with --streaming, and this version of '
+        'beam-pyspark has no streaming engine yet (it is being built). Run '
+        'it without --streaming: bounded sources run as batch, and '
+        'unbounded ones are read until they stop themselves (or with '
+        '--drain, what they hold now).'])
   if kind == STREAMING:
     unbounded = unbounded_pcollections(pipeline)
-    why = (
-        f'it has unbounded PCollections ({", ".join(unbounded[:5])}'
-        f'{", ..." if len(unbounded) > 5 else ""})' if unbounded else
-        'it was submitted with --streaming')
+    why = (f'it has unbounded PCollections ({", ".join(unbounded[:5])}'
+           f'{", ..." if len(unbounded) > 5 else ""})')
     return BATCH, (
         f'The pipeline asks for streaming execution: {why}. This version '
         'of beam-pyspark has no streaming engine yet, so it runs on the '

@@ -2,8 +2,9 @@
 
 The first-minutes issues a new user met: a misspelled runner option that
 Beam would drop silently, ``--streaming`` on a runner without a streaming
-engine (run on batch with a warning), and a splittable DoFn (or any ``apache_beam.dataframe.io`` reader)
-with a side input, whose Reshuffle stage had two inputs.
+engine (refused; unbounded PCollections run on batch with a warning), and
+a splittable DoFn (or any ``apache_beam.dataframe.io`` reader) with a side
+input, whose Reshuffle stage had two inputs.
 """
 
 import os
@@ -18,6 +19,7 @@ from apache_beam.testing.util import equal_to
 from apache_beam.transforms.core import RestrictionProvider
 
 from beam_pyspark.errors import InvalidOptionsError
+from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.options import misspelled_options
 from beam_pyspark.options import runner_options
 from conftest import spark_options
@@ -53,15 +55,11 @@ def test_every_runner_option_is_described():
   assert all(o.description for o in runner_options())
 
 
-def test_streaming_flag_runs_on_batch_until_the_streaming_engine_exists(
-    caplog):
-  # Beam's FnApiRunner runs such pipelines in batch too; the job says so.
-  with caplog.at_level('WARNING', logger='beam_pyspark'):
-    with beam.Pipeline(options=spark_options(streaming=True)) as p:
-      out = p | beam.Create([1, 2]) | beam.Map(str)
-      assert_that(out, equal_to(['1', '2']))
-  assert any('submitted with --streaming' in r.getMessage()
-             for r in caplog.records), [r.getMessage() for r in caplog.records]
+def test_streaming_flag_is_refused_until_the_streaming_engine_exists():
+  p = beam.Pipeline(options=spark_options(streaming=True))
+  _ = p | beam.Create([1]) | beam.Map(str)
+  with pytest.raises(UnsupportedPipelineError, match='--streaming'):
+    p.run()
 
 
 class _Forever(beam.DoFn):

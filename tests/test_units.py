@@ -1,6 +1,7 @@
 """Unit tests of small pure pieces: timers, packing, hashing, metrics."""
 
 import collections
+import logging
 
 from apache_beam.metrics import monitoring_infos as mi
 
@@ -133,6 +134,20 @@ def test_log_capture_bounds_and_filters():
                        'user.code: line 2']
   assert '2 more log records of this task were dropped' in texts[3]
   assert logging.getLogger().handlers.count(captured) == 0
+
+
+def test_captured_logs_leave_out_plumbing_and_the_root_loggers_name():
+  from beam_pyspark.worker.setup.logs import capture_logs
+  with capture_logs(logging.INFO) as captured:
+    logging.getLogger('apache_beam.runners.worker.statecache').info(
+        'Creating state cache with size 0')
+    logging.getLogger().info('USERLOG from the root logger')
+    logging.getLogger('apache_beam.runners.worker.statecache').warning(
+        'a warning still counts')
+  texts = [t for _, _, t in captured.entries()]
+  assert texts == ['USERLOG from the root logger',
+                   'apache_beam.runners.worker.statecache: a warning still '
+                   'counts']
 
 
 def test_splittable_input_finds_the_sdf_read():

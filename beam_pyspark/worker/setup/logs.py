@@ -23,7 +23,9 @@ _IGNORED_PREFIXES = ('py4j', 'pyspark')
 # (servers started, channels opened) are not the job's news.
 _PLUMBING_PREFIXES = (
     'apache_beam.runners.portability', 'apache_beam.runners.worker.data_plane',
-    'apache_beam.runners.worker.worker_pool_main')
+    'apache_beam.runners.worker.worker_pool_main',
+    # "Creating state cache with size 0", once per harness.
+    'apache_beam.runners.worker.statecache')
 
 MAX_RECORDS_PER_TASK = 1000
 MAX_BYTES_PER_TASK = 1 << 20
@@ -46,7 +48,11 @@ class _Capture(logging.Handler):
         record.name.startswith(_PLUMBING_PREFIXES)):
       return
     try:
-      text = f'{record.name}: {record.getMessage()}'
+      # The logger's name says where a line comes from; the root logger's
+      # ('root') says nothing, and clients print their own level and name
+      # in front ('INFO:root:root: ...').
+      text = (record.getMessage() if record.name == 'root' else
+              f'{record.name}: {record.getMessage()}')
       if record.exc_info:
         text += '\n' + self.formatter.formatException(record.exc_info)
     except Exception:  # pylint: disable=broad-except
