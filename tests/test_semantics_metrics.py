@@ -136,3 +136,25 @@ def test_metrics_with_more_partitions():
   assert only(query(result, 'elements', 'counters')).committed == N
   dist = only(query(result, 'values', 'distributions')).committed
   assert dist.count == N and dist.sum == N * (N + 1) // 2
+
+
+def _source_counters(runner, options_):
+  from apache_beam.io.iobase import Read
+  from apache_beam.io.utils import CountingSource
+  p = beam.Pipeline(runner=runner, options=options_)
+  _ = p | Read(CountingSource(100)) | beam.Map(lambda x: x)
+  result = p.run()
+  result.wait_until_finish()
+  return sorted(
+      (c.key.step, c.key.metric.namespace, c.key.metric.name, c.committed)
+      for c in result.metrics().query(MetricsFilter())['counters'])
+
+
+def test_a_sources_metrics_are_reported_under_beams_step_names():
+  # The hardening issue, defect 11: the runner's split read reported them
+  # under Read/ReadSplits, where Beam's runners use the SDF reader's step.
+  ours = _source_counters(None, options())
+  beams = _source_counters(FnApiRunner(), PipelineOptions())
+  assert ours == beams
+  assert ours and all(step.startswith('Read/SDFBoundedSourceReader/')
+                      for step, _, _, _ in ours)

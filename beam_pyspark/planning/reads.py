@@ -14,7 +14,9 @@ composite's expansion with
 * ``<read>/Split``, a runner stage (:data:`SPLIT_URN`, the composite's
   ReadPayload as payload): on the driver, ``source.split(estimate_size() /
   parallelism)``, splits packed into partitions by weight (``spark.reads``);
-* ``<read>/ReadSplits``, a transform of the SDK harness
+* ``<read>/SDFBoundedSourceReader/ParDo(SDFBoundedSourceDoFn)/Process``
+  (named as Beam's reading step, so the source's metrics are reported under
+  the step Beam's runners use), a transform of the SDK harness
   (:data:`READ_SPLIT_URN`, implemented in ``worker.reads``) whose input
   elements are the encoded splits; it reads each one and feeds the records straight to the transforms
   fused after it.
@@ -52,7 +54,7 @@ def native_bounded_reads(
   """A fusion phase; must run first, while every stage is one leaf transform.
 
   The leaf stages of each eligible read composite give way to a Split stage
-  and a ReadSplits stage, where the composite's first leaf was.
+  and a stage reading the splits, where the composite's first leaf was.
   """
   components = context.components
   owner: dict[str, str] = {}  # leaf transform id -> read composite id
@@ -127,13 +129,20 @@ def _split_and_read(read_id: str, context) -> Iterator[tr.Stage]:
           urn=SPLIT_URN, payload=read.spec.payload),
       outputs={'out': splits_pcoll})
   reader = beam_runner_api_pb2.PTransform(
-      unique_name=f'{read.unique_name}/ReadSplits',
+      # The name of the step that reads in Beam's SDF expansion: metrics the
+      # source reports (its records read...) are queried by step.
+      unique_name=f'{read.unique_name}/{READER_STEP}',
       spec=beam_runner_api_pb2.FunctionSpec(urn=READ_SPLIT_URN),
       inputs={'in': splits_pcoll},
       outputs=dict(read.outputs),
       environment_id=env)
   yield tr.Stage(split.unique_name, [split], parent=read_id)
   yield tr.Stage(reader.unique_name, [reader], parent=read_id)
+
+
+# Where Beam's own runners report a bounded source's metrics: the process
+# step of Read's SDF expansion (iobase.SDFBoundedSourceReader).
+READER_STEP = 'SDFBoundedSourceReader/ParDo(SDFBoundedSourceDoFn)/Process'
 
 
 def split_transform(
