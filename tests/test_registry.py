@@ -499,3 +499,26 @@ def test_oversized_options_are_refused(api):
     _prepare(stub, options={'beam:option:blob:v1': 'x' * (2 << 20)})
   assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
   assert 'pipeline options' in info.value.details()
+
+
+def test_the_store_gives_an_evicted_jobs_pages_back(tmp_path, executor):
+  # Defect 7: jobs.sqlite never shrank (475 MB holding 10 jobs).
+  path = tmp_path / 'jobs.sqlite'
+  registry = JobRegistry(executor, store=JobStore(str(path)),
+                         max_invocation_history=1)
+  chatty = registry.prepare('chatty', _pipeline(), {}).job_id
+  registry.run(chatty)
+  for i in range(300):
+    executor.executions[chatty].say(f'{i} ' + 'x' * 20000)
+  executor.executions[chatty].emit(JobState.DONE)
+  full = path.stat().st_size + (tmp_path / 'jobs.sqlite-wal').stat().st_size
+  # The next ended job pushes the chatty one out of the history.
+  quiet = registry.prepare('quiet', _pipeline(), {}).job_id
+  registry.run(quiet)
+  executor.executions[quiet].emit(JobState.DONE)
+  assert [j.job_id for j in registry.jobs()] == [quiet]
+  import sqlite3
+  with sqlite3.connect(path) as db:
+    db.execute('PRAGMA wal_checkpoint(TRUNCATE)')
+  assert full > 5_000_000
+  assert path.stat().st_size < full / 4, (path.stat().st_size, full)
