@@ -51,6 +51,9 @@ def _job_server_parser(sub) -> None:
   p.add_argument('--job-store', default=None,
                  help='SQLite file of the job store (default: '
                  '<artifacts-dir>/jobs.sqlite).')
+  p.add_argument('--status-port', type=int, default=8090,
+                 help='The status page: jobs, their stages and messages '
+                 '(on --job-host; 0 picks a free port; -1: none).')
   p.add_argument('--shutdown-grace-secs', type=float, default=20.0,
                  help='On SIGTERM or SIGINT: how long running jobs may take '
                  'to finish before they are cancelled (default 20 s: '
@@ -90,7 +93,8 @@ def main(argv=None) -> int:
             max_invocation_history=args.max_invocation_history,
             job_store=args.job_store,
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,
-            fully_qualified_name_glob=args.fully_qualified_name_glob))
+            fully_qualified_name_glob=args.fully_qualified_name_glob,
+            status_port=args.status_port))
   except ArtifactsDirInUseError as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
   print(f'Job service listening on {args.job_host}:{server.job_port}', flush=True)
   print(f'Artifact service listening on {args.job_host}:{server.artifact_port}',
         flush=True)
+  if server.status_url:
+    print(f'Status page at {server.status_url}', flush=True)
   if server.expansion_port:
     print(f'Expansion service listening on {args.job_host}:'
           f'{server.expansion_port}', flush=True)

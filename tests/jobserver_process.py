@@ -36,12 +36,14 @@ class JobServerProcess:
     self.proc = subprocess.Popen(
         [sys.executable, '-m', 'beam_pyspark.cli', 'job-server',
          '--job-port', '0', '--artifact-port', '0', '--expansion-port', '0',
+         '--status-port', '0',
          '--artifacts-dir', self.artifacts_dir, '--spark-master-url',
          'local[2]', *extra_args],
         stdout=subprocess.PIPE, stderr=self._log, text=True,
         env=None if env is None else {**os.environ, **env})
     self.pid = self.proc.pid
     self.endpoints: dict[str, str] = {}
+    self.status_url = None
     deadline = time.monotonic() + timeout
     try:
       while len(self.endpoints) < 3 and time.monotonic() < deadline:
@@ -50,6 +52,9 @@ class JobServerProcess:
           raise RuntimeError(
               f'job server exited ({self.proc.wait()}) before listening; '
               f'log:\n{self.log()}')
+        status = re.match(r'Status page at (\S+)$', line.strip())
+        if status:
+          self.status_url = status.group(1)
         m = _LISTENING.match(line.strip())
         if m:
           self.endpoints[m.group(1).lower()] = m.group(2)

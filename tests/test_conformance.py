@@ -50,7 +50,7 @@ class PySparkPortableRunnerTest(beam_prt.PortableRunnerTest):
         sys.executable, '-m', 'beam_pyspark.cli', 'job-server',
         '--job-host', 'localhost',
         '--job-port', str(job_port),
-        '--artifact-port', '0',
+        '--artifact-port', '0', '--status-port', '0',
         '--expansion-port', str(expansion_port),
         '--artifacts-dir', os.path.join(cls._workdir, 'artifacts'),
         '--job-store', os.path.join(cls._workdir, 'jobs.sqlite'),

@@ -21,6 +21,7 @@ class Server:
     self.proc = subprocess.Popen(
         [sys.executable, '-m', 'beam_pyspark.cli', 'job-server',
          '--job-port', '0', '--artifact-port', '0', '--expansion-port', '0',
+         '--status-port', '0',
          '--artifacts-dir', str(artifacts_dir), '--spark-master-url',
          'local[2]'],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

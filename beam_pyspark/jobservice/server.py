@@ -37,6 +37,8 @@ class JobServerConfig:
   # (beam:transforms:python:fully_qualified_named), e.g. 'apache_beam.*'.
   # None, Beam's default, allows none.
   fully_qualified_name_glob: Optional[str] = None
+  # The status page (web/): None or negative for none, 0 for a free port.
+  status_port: Optional[int] = None
 
 
 def expansion_options():
@@ -172,6 +174,7 @@ class JobServer:
   def start(self) -> None:
     self._artifact_server.start()
     self._job_server.start()
+    self._start_status_page()
     if self._expansion_server is not None:
       from apache_beam.transforms.fully_qualified_named_transform import (
           FullyQualifiedNamedTransform)
@@ -188,7 +191,35 @@ class JobServer:
     cancels the rest, recording why (then call ``stop``)."""
     self.service.registry.shutdown(grace_secs, why)
 
+  status_url: Optional[str] = None
+  _status = None
+
+  def _start_status_page(self) -> None:
+    """The status page, if asked for; a port in use costs the page, not
+    the job server."""
+    port = self.config.status_port
+    if port is None or port < 0:
+      return
+    from beam_pyspark.planning import plan_pipeline  # pylint: disable=import-outside-toplevel
+    from beam_pyspark.web.graph import pipeline_svg  # pylint: disable=import-outside-toplevel
+    from beam_pyspark.web.server import StatusPages  # pylint: disable=import-outside-toplevel
+    from beam_pyspark.web.server import StatusServer  # pylint: disable=import-outside-toplevel
+    pages = StatusPages(
+        self.service.registry,
+        plan_svg=lambda pipeline: pipeline_svg(plan_pipeline(pipeline)))
+    try:
+      self._status = StatusServer(pages, self.config.job_host, port).start()
+    except OSError as exn:
+      _LOGGER.warning('No status page: could not listen on %s:%s (%s)',
+                      self.config.job_host, port, exn)
+      return
+    self.status_url = self._status.url
+    _LOGGER.info('Status page: %s', self.status_url)
+
   def stop(self, grace: Optional[float] = 1.0) -> None:
+    if self._status is not None:
+      self._status.stop()
+      self._status = None
     for server in (self._job_server, self._artifact_server,
                    self._expansion_server):
       if server is not None:

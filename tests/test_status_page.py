@@ -1,0 +1,107 @@
+"""The status page: fixed routes over the job registry, real HTTP.
+
+(Browser tests come with the page's live parts; these check what the
+server answers.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from beam_pyspark.events import JobState
+from beam_pyspark.jobservice.jobs import JobRegistry
+from beam_pyspark.planning import plan_pipeline
+from beam_pyspark.web.graph import pipeline_svg
+from beam_pyspark.web.server import StatusPages
+from beam_pyspark.web.server import StatusServer
+from test_registry import Executor
+from test_registry import _pipeline
+
+
+@pytest.fixture
+def site():
+  executor = Executor()
+  registry = JobRegistry(executor)
+  server = StatusServer(StatusPages(
+      registry, plan_svg=lambda p: pipeline_svg(plan_pipeline(p)))).start()
+  yield registry, executor, server
+  server.stop()
+
+
+def _get(url):
+  with urllib.request.urlopen(url, timeout=10) as response:
+    return response.status, response.headers['Content-Type'], response.read()
+
+
+def test_jobs_are_listed_newest_first_with_state_and_duration(site):
+  registry, executor, server = site
+  first = registry.prepare('first<script>', _pipeline(), {}).job_id
+  registry.run(first)
+  executor.executions[first].emit(JobState.DONE)
+  second = registry.prepare('second', _pipeline(), {}).job_id
+  status, kind, body = _get(server.url)
+  page = body.decode()
+  assert status == 200 and kind.startswith('text/html')
+  assert page.index('second') < page.index('first')
+  assert '&lt;script&gt;' in page and '<script>' not in page
+  assert 'DONE' in page and 'STOPPED' in page
+  status, kind, body = _get(server.url + 'api/jobs')
+  rows = json.loads(body)
+  assert [r['job_id'] for r in rows] == [second, first]
+  assert rows[1]['state'] == 'DONE' and rows[1]['duration_secs'] >= 0
+  assert rows[0]['duration_secs'] is None
+
+
+def test_a_jobs_page_shows_its_stages_and_messages(site):
+  registry, executor, server = site
+  job_id = registry.prepare('one', _pipeline(), {}).job_id
+  registry.run(job_id)
+  executor.executions[job_id].say('halfway <there>')
+  status, _, body = _get(server.url + 'jobs/' + job_id)
+  page = body.decode()
+  assert status == 200
+  assert '<svg' in page and 'Map(str)' in page
+  assert 'halfway &lt;there&gt;' in page
+  assert 'RUNNING' in page
+
+
+def test_unknown_routes_and_jobs_are_404(site):
+  _, _, server = site
+  for path in ['nope', 'jobs/nope', '../etc/passwd', 'jobs/']:
+    with pytest.raises(urllib.error.HTTPError) as info:
+      _get(server.url + path)
+    assert info.value.code == 404
+
+
+def test_only_get_and_a_bounded_request_line(site):
+  _, _, server = site
+  request = urllib.request.Request(server.url, data=b'x', method='POST')
+  with pytest.raises(urllib.error.HTTPError) as info:
+    urllib.request.urlopen(request, timeout=10)
+  assert info.value.code == 405
+  with socket.create_connection(('localhost', server.port), timeout=10) as s:
+    s.sendall(b'GET /' + b'a' * 10000 + b' HTTP/1.1\r\n\r\n')
+    assert b' 414 ' in s.recv(1000).split(b'\r\n')[0]
+  # Still serving.
+  assert _get(server.url)[0] == 200
+
+
+def test_the_job_server_serves_the_page(tmp_path):
+  from jobserver_process import JobServerProcess
+  from apache_beam.portability.api import beam_job_api_pb2
+  server = JobServerProcess(tmp_path / 'server')
+  try:
+    assert server.status_url and server.status_url.startswith('http://')
+    prepared = server.job_stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+        pipeline=_pipeline(), job_name='visible'))
+    rows = json.loads(_get(server.status_url + 'api/jobs')[2])
+    assert [(r['job_id'], r['state']) for r in rows] == [
+        (prepared.preparation_id, 'STOPPED')]
+    page = _get(server.status_url + 'jobs/' + prepared.preparation_id)[2]
+    assert b'<svg' in page
+  finally:
+    server.stop()
