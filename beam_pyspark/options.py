@@ -70,6 +70,14 @@ class PySparkRunnerOptions(PipelineOptions):
         help='Memory a GroupByKey reduce task groups records in before it '
         'spills sorted runs to local disk (default: half of '
         'spark.python.worker.memory, which defaults to 512m).')
+    parser.add_argument(
+        '--status_port',
+        type=int,
+        default=None,
+        help='Serve a status page for this program\'s jobs (states, stage '
+        'graph, messages) on localhost at this port; 0 picks a free one, '
+        'whose URL is logged (default: none). A job server has its own, '
+        '--status-port.')
 
 
 # Beam's own option that this runner reads, next to ours.
@@ -88,6 +96,9 @@ JOB_SERVER_IGNORES = {
         'Spark settings apply when a SparkContext starts, and the job '
         'server\'s is shared by all its jobs; start the server with '
         '--spark-conf KEY=VALUE instead',
+    'status_port':
+        'the job server serves one status page for all its jobs; its URL '
+        'is printed when it starts (--status-port)',
 }
 
 
@@ -151,6 +162,8 @@ class RunnerOptions:
   # None: half of spark.python.worker.memory (spark.translate.group_budget).
   group_memory_mb: Optional[int] = None
   bundle_bytes: int = DEFAULT_BUNDLE_BYTES
+  # PySparkRunner's own status page (None: none); job servers ignore it.
+  status_port: Optional[int] = None
   # The job's pipeline options as the Job API carries them, handed as they
   # are to SDK harnesses that run in their own processes.
   job_options: Optional[dict] = None
@@ -206,6 +219,7 @@ class RunnerOptions:
         split_stragglers_after_secs=(
             DEFAULT_SPLIT_AFTER_SECS if split is None else float(split)),
         group_memory_mb=ours.group_memory_mb,
+        status_port=ours.status_port,
         job_options={
             f'beam:option:{name}:v1': value
             for name, value in options.get_all_options(

@@ -105,6 +105,8 @@ class PySparkRunner(runner.PipelineRunner):
   def run_portable_pipeline(self, pipeline, options):
     runner_options = RunnerOptions.from_pipeline_options(options)
     registry = job_registry()
+    if runner_options.status_port is not None:
+      status_page(runner_options.status_port)
     job_name = options_module.job_name(runner_options.job_options)
     # Short ids, as before the registry: 'job-' and 12 hex digits.
     job = registry.prepare(
@@ -131,6 +133,32 @@ _REGISTRY: Optional[JobRegistry] = None
 _REGISTRY_LOCK = threading.Lock()
 # Jobs of this process that its registry (and so a status page) keeps.
 RUNNER_HISTORY = 100
+
+
+_STATUS = None
+
+
+def status_page(port: int = 0) -> str:
+  """This process's status page over its job registry, started on first
+  use on localhost:``port`` (0: a free port); its URL. Later calls return
+  the running page's URL, whatever their port."""
+  global _STATUS
+  with _REGISTRY_LOCK:
+    status = _STATUS
+  if status is None:
+    from beam_pyspark.planning import plan_pipeline  # pylint: disable=import-outside-toplevel
+    from beam_pyspark.web.graph import pipeline_svg  # pylint: disable=import-outside-toplevel
+    from beam_pyspark.web.server import StatusPages  # pylint: disable=import-outside-toplevel
+    from beam_pyspark.web.server import StatusServer  # pylint: disable=import-outside-toplevel
+    pages = StatusPages(
+        job_registry(),
+        plan_svg=lambda pipeline: pipeline_svg(plan_pipeline(pipeline)))
+    with _REGISTRY_LOCK:
+      if _STATUS is None:
+        _STATUS = StatusServer(pages, 'localhost', port).start()
+        _LOGGER.info('Status page of this program\'s jobs: %s', _STATUS.url)
+      status = _STATUS
+  return status.url
 
 
 def job_registry() -> JobRegistry:

@@ -105,3 +105,17 @@ def test_the_job_server_serves_the_page(tmp_path):
     assert b'<svg' in page
   finally:
     server.stop()
+
+
+def test_the_runner_serves_its_own_jobs_when_asked(tmp_path):
+  import apache_beam as beam
+  from conftest import spark_options
+  from beam_pyspark import runner
+  with beam.Pipeline(options=spark_options(status_port=0,
+                                           job_name='mine')) as p:
+    _ = p | beam.Create([1, 2]) | beam.Map(str)
+  url = runner.status_page()
+  rows = json.loads(_get(url + 'api/jobs')[2])
+  mine = [r for r in rows if r['job_name'] == 'mine']
+  assert mine and mine[0]['state'] == 'DONE'
+  assert b'<svg' in _get(url + 'jobs/' + mine[0]['job_id'])[2]
