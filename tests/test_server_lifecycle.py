@@ -88,6 +88,18 @@ def _messages(stub, job_id):
           if r.HasField('message_response')]
 
 
+def _after_restart(root, job_id):
+  """(state, message texts) of ``job_id`` as a new server on ``root`` sees
+  them."""
+  server = JobServerProcess(root)
+  try:
+    state = server.job_stub.GetState(
+        beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
+    return state, _messages(server.job_stub, job_id)
+  finally:
+    server.stop()
+
+
 def test_sigterm_cancels_a_running_job_and_says_so_after_a_restart(tmp_path):
   root = tmp_path / 'server'
   first = JobServerProcess(root, '--shutdown-grace-secs', '2')
@@ -100,15 +112,9 @@ def test_sigterm_cancels_a_running_job_and_says_so_after_a_restart(tmp_path):
     assert time.monotonic() - started < 25
   finally:
     first.stop()
-  second = JobServerProcess(root)
-  try:
-    state = second.job_stub.GetState(
-        beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
-    assert state == beam_job_api_pb2.JobState.CANCELLED
-    texts = _messages(second.job_stub, job_id)
-    assert any('stopping (SIGTERM)' in t for t in texts), texts
-  finally:
-    second.stop()
+  state, texts = _after_restart(root, job_id)
+  assert state == beam_job_api_pb2.JobState.CANCELLED
+  assert any('stopping (SIGTERM)' in t for t in texts), texts
 
 
 def test_after_sigkill_the_next_start_says_the_job_did_not_finish(tmp_path):
@@ -120,15 +126,9 @@ def test_after_sigkill_the_next_start_says_the_job_did_not_finish(tmp_path):
     first.proc.wait(30)
   finally:
     first.stop()
-  second = JobServerProcess(root)
-  try:
-    state = second.job_stub.GetState(
-        beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
-    assert state == beam_job_api_pb2.JobState.FAILED
-    texts = _messages(second.job_stub, job_id)
-    assert any('stopped while this job was running' in t for t in texts), texts
-  finally:
-    second.stop()
+  state, texts = _after_restart(root, job_id)
+  assert state == beam_job_api_pb2.JobState.FAILED
+  assert any('stopped while this job was running' in t for t in texts), texts
 
 
 def test_prepare_is_unavailable_while_stopping():

@@ -231,3 +231,11 @@ def test_jvm_class_archive_ignores_a_file_that_is_not_one(tmp_path):
   again = jvm.java_options(str(tmp_path))
   assert not os.path.exists(gone)
   assert '-XX:SharedArchiveFile=' not in again
+
+
+def test_harness_kinds_cover_exactly_the_environments_validation_accepts():
+  # Validation (planning, no worker imports) and the harness registry name
+  # the same environment URNs.
+  from beam_pyspark.planning.validate import SUPPORTED_ENVIRONMENTS
+  from beam_pyspark.worker.harnesses import KINDS
+  assert set(KINDS) == set(SUPPORTED_ENVIRONMENTS)

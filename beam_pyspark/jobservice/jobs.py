@@ -279,12 +279,7 @@ class JobRegistry:
     for job in preparations:
       self._end(job, JobState.CANCELLED,
                 f'{reason}: this preparation was never run.')
-    deadline = time.monotonic() + grace_secs
-    with self._cond:
-      while (any(not j.terminal for j in running) and
-             time.monotonic() < deadline):
-        self._cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
-      late = [j for j in running if not j.terminal]
+    late = self._still_running(running, grace_secs)
     for job in late:
       self.note(job.job_id,
                 f'{reason}: cancelling this job, which did not finish within '
@@ -294,16 +289,20 @@ class JobRegistry:
         self.cancel(job.job_id)
       except Exception:  # pylint: disable=broad-except
         _LOGGER.warning('Could not cancel %s', job.job_id, exc_info=True)
-    deadline = time.monotonic() + cancel_wait_secs
-    with self._cond:
-      while (any(not j.terminal for j in late) and
-             time.monotonic() < deadline):
-        self._cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
-      stuck = [j for j in late if not j.terminal]
+    stuck = self._still_running(late, cancel_wait_secs)
     for job in stuck:
       self._end(job, JobState.FAILED,
                 f'{reason}: the job did not stop within '
                 f'{cancel_wait_secs:.0f} s of its cancel.')
+
+  def _still_running(self, jobs: list[Job], secs: float) -> list[Job]:
+    """Waits up to ``secs`` for ``jobs`` to end; those that did not."""
+    deadline = time.monotonic() + secs
+    with self._cond:
+      while (any(not j.terminal for j in jobs) and
+             time.monotonic() < deadline):
+        self._cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+      return [j for j in jobs if not j.terminal]
 
   def _end(self, job: Job, state: int, why: str) -> None:
     """Ends a job here, with its reason in its messages."""
