@@ -28,6 +28,7 @@ STREAMING = 'streaming'
 # kind -> 'module:factory'; factory(plan, job_id, options, log) -> Engine.
 ENGINES: dict[str, str] = {
     BATCH: 'beam_pyspark.spark.translate:create_batch_engine',
+    STREAMING: 'beam_pyspark.spark.streaming:create_streaming_engine',
 }
 
 

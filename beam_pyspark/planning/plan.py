@@ -29,6 +29,7 @@ DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
 DATA_OUTPUT_URN = bundle_processor.DATA_OUTPUT_URN
 IMPULSE_BUFFER = tr.IMPULSE_BUFFER
 RESHUFFLE_URN = common_urns.composites.RESHUFFLE.urn
+TEST_STREAM_URN = common_urns.primitives.TEST_STREAM.urn
 
 # Transforms that Spark executes itself rather than the SDK harness.
 # Declaring Reshuffle here gives a native repartition, and makes expand_sdf
@@ -39,6 +40,7 @@ KNOWN_RUNNER_URNS = frozenset([
     common_urns.primitives.GROUP_BY_KEY.urn,
     RESHUFFLE_URN,
     reads.SPLIT_URN,  # a bounded read's source, split on the driver
+    TEST_STREAM_URN,  # replayed by the streaming engine's driver
 ])
 
 # The order matters; each phase is (stages, context) -> stages.
@@ -111,7 +113,8 @@ class GroupSpec:
 class StagePlan:
   name: str
   # 'sdk': run bundles in the SDK harness; 'reshuffle': Spark repartitions;
-  # 'read': the runner splits a bounded source (planning.reads).
+  # 'read': the runner splits a bounded source (planning.reads);
+  # 'teststream': the streaming engine replays a TestStream's events.
   kind: str
   inputs: dict[str, bytes]  # DATA_INPUT transform id -> buffer id
   outputs: dict[str, bytes]  # DATA_OUTPUT transform id -> buffer id
@@ -127,8 +130,13 @@ class StagePlan:
   transform_names: list[str] = dataclasses.field(default_factory=list)
   # The environment whose harness runs the stage ('' for none).
   environment_id: str = ''
-  # 'read' stages: the ReadPayload of the bounded source to split.
+  # 'read' stages: the ReadPayload of the bounded source to split;
+  # 'teststream' stages: the TestStreamPayload.
   read_payload: bytes = b''
+  # 'teststream' stages: DATA_OUTPUT transform id -> the TestStream's tag,
+  # and -> the SDK's data channel coder its elements are encoded with.
+  output_tags: dict[str, str] = dataclasses.field(default_factory=dict)
+  element_coders: dict[str, str] = dataclasses.field(default_factory=dict)
 
   @property
   def descriptor_id(self) -> str:
@@ -300,6 +308,27 @@ def plan_pipeline(
               output_coders=output_coders,
               read_payload=split.spec.payload,
               transform_names=[split.unique_name]))
+      continue
+
+    test_stream = next(
+        (t for t in stage.transforms if t.spec.urn == TEST_STREAM_URN), None)
+    if test_stream is not None:
+      tag_of = {pcoll: tag for tag, pcoll in test_stream.outputs.items()}
+      writes = {
+          t.unique_name: tr.only_element(t.inputs.values())
+          for t in stage.transforms if t.spec.urn == DATA_OUTPUT_URN}
+      stage_plans.append(
+          StagePlan(
+              name=stage.name,
+              kind='teststream',
+              inputs={},
+              outputs=outputs,
+              input_coders={},
+              output_coders=output_coders,
+              read_payload=test_stream.spec.payload,
+              output_tags={w: tag_of[p] for w, p in writes.items()},
+              element_coders={w: channel[p] for w, p in writes.items()},
+              transform_names=[test_stream.unique_name]))
       continue
 
     if reshuffle is not None:

@@ -108,9 +108,14 @@ def unsupported_reasons(
     urn = transform.spec.urn
     name = transform.unique_name or transform_id
     if urn == common_urns.primitives.TEST_STREAM.urn:
-      reasons.append(
-          f'transform {name!r} is a TestStream, which needs a streaming '
-          'runner; this runner runs bounded (batch) pipelines')
+      # Replayed by the streaming engine (streaming.teststream).
+      payload = beam_runner_api_pb2.TestStreamPayload.FromString(
+          transform.spec.payload)
+      if payload.endpoint.url:
+        reasons.append(
+            f'transform {name!r} is a TestStream replayed from a '
+            f'TestStreamService ({payload.endpoint.url}), which is not '
+            'supported; give its events inline')
       continue
     if urn in RUNNER_PRIMITIVES:
       continue

@@ -15,6 +15,7 @@ from typing import Iterable
 from typing import Iterator
 from typing import Optional
 
+from apache_beam.utils.timestamp import Timestamp
 from pyspark.accumulators import AccumulatorParam
 
 from beam_pyspark.planning.plan import GroupSpec
@@ -33,6 +34,8 @@ from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.shuffle.grouping import group_values
 from beam_pyspark.worker.setup.logs import capture_logs
 from beam_pyspark.worker.runtime import job_runtime
+from beam_pyspark.worker import streaming
+from beam_pyspark.worker.state import StoredState
 
 
 class ListAccumulator(AccumulatorParam):
@@ -172,6 +175,16 @@ class ReleaseJob:
     harnesses.release_job(self.job_id)
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamWave:
+  """What a stage's task needs in a streaming wave (spark.streaming): the
+  node it is, the wave's clocks, and (stateful stages) the broadcast
+  {partition: state blob} of its state before the wave."""
+  node: str
+  clocks: streaming.Clocks
+  states: object = None  # Broadcast[dict[int, bytes]] or None
+
+
 class RunStage:
   """mapPartitionsWithIndex: run a fused stage over one partition.
 
@@ -179,12 +192,17 @@ class RunStage:
   partitions, compact) for outputs that feed a GroupByKey; their elements
   leave as (reduce partition, chunk of records) for the shuffle
   (worker.shuffle; compact: records of key and value bytes only).
+  ``wave``: streaming only; a stateful stage then loads its partition's
+  state and timers, fires only the timers due at the wave's clocks, and
+  ends with a (REPORT_TAG, PartitionReport) record.
   """
-  def __init__(self, ctx: TaskContext, stage: StagePlan, side, group_outputs):
+  def __init__(self, ctx: TaskContext, stage: StagePlan, side, group_outputs,
+               wave: Optional[StreamWave] = None):
     self.ctx = ctx
     self.stage = stage
     self.side = side
     self.group_outputs = group_outputs
+    self.wave = wave
 
   def __call__(self, index: int, records: Iterable) -> Iterator:
     ctx = self.ctx
@@ -199,6 +217,18 @@ class RunStage:
           stage.name, index,
           [m.SerializeToString() for m in result.monitoring_infos])])
 
+    wave = self.wave
+    kept = None
+    streamed = {}
+    if wave is not None:
+      clocks = wave.clocks
+      streamed['clocks'] = (Timestamp(micros=clocks.input_watermark),
+                            Timestamp(micros=clocks.processing_time))
+      if stage.stateful:
+        blob = wave.states.value.get(index) if wave.states is not None else None
+        kept = streaming.load_stage_state(runtime, stage, blob)
+        streamed['state_backend'] = StoredState(kept.store)
+        streamed['timers'] = kept.timers
     runner = StageRunner(
         ctx.job_id,
         runtime,
@@ -207,7 +237,8 @@ class RunStage:
         bundle_bytes=ctx.bundle_bytes,
         on_finish=report,
         pipeline_options=ctx.pipeline_options,
-        split_after_secs=ctx.split_after_secs)
+        split_after_secs=ctx.split_after_secs,
+        **streamed)
     keyers = {}
     for transform_id, (coder_id, partitions, compact) in (
         self.group_outputs.items()):
@@ -231,6 +262,9 @@ class RunStage:
         for transform_id, (_, packer) in keyers.items():
           for packed in packer.flush():
             yield transform_id, packed
+        if kept is not None:
+          yield streaming.REPORT_TAG, streaming.save_stage_state(
+              runtime, stage, wave.node, index, kept)
       except Exception:
         # PySpark ends this Python worker once the task has failed, with
         # os._exit: its out-of-process harnesses must end their streams now
@@ -244,6 +278,51 @@ class RunStage:
         # error (with the user's traceback) reaches the job another way.
         if ctx.logs is not None:
           ctx.logs.add(captured.entries())
+
+
+class StreamGroup:
+  """Reduce side of a streaming GroupByKey (worker.streaming.group_stream):
+  grouped chunks, then a (REPORT_TAG, PartitionReport) record."""
+  def __init__(self, ctx: TaskContext, spec: GroupSpec, wave: StreamWave):
+    self.ctx = ctx
+    self.spec = spec
+    self.wave = wave
+
+  def __call__(self, index, chunks):
+    wave = self.wave
+    blob = wave.states.value.get(index) if wave.states is not None else None
+    with capture_logs(self.ctx.log_level, self.ctx.log_overrides) as captured:
+      try:
+        yield from streaming.group_stream(
+            self.ctx.runtime(), self.spec, wave.node, index, chunks, blob,
+            wave.clocks)
+      finally:
+        if self.ctx.logs is not None:
+          self.ctx.logs.add(captured.entries())
+
+
+class TestStreamElements:
+  """A TestStream's (timestamp micros, encoded element) events -> chunks of
+  windowed values in the SDK's data channel coding (global window, as
+  Beam's TestStream emits them)."""
+  __test__ = False  # not a pytest test class
+
+  def __init__(self, ctx: TaskContext, element_coder_id: str,
+               channel_coder_id: str):
+    self.ctx = ctx
+    self.element_coder_id = element_coder_id
+    self.channel_coder_id = channel_coder_id
+
+  def __call__(self, events):
+    from apache_beam.transforms import window
+    runtime = self.ctx.runtime()
+    element_impl = runtime.coder_impl(self.element_coder_id)
+    channel_impl = runtime.coder_impl(self.channel_coder_id)
+    values = (
+        window.GlobalWindows.windowed_value(
+            element_impl.decode(encoded), timestamp=Timestamp(micros=micros))
+        for micros, encoded in events)
+    return elements.encode_stream(channel_impl, values)
 
 
 class KeyElements:

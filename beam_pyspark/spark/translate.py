@@ -103,6 +103,15 @@ class SparkPipelineJob:
   # -- public ---------------------------------------------------------------
 
   def run(self) -> None:
+    try:
+      self._open()
+      self._execute()
+    finally:
+      self._close()
+
+  def _open(self) -> None:
+    """The job's Spark side: its job group, broadcast components, task
+    context (accumulators) and shipped dependencies."""
     sc = self.sc
     sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
     components = sc.broadcast(self.plan.components)
@@ -120,33 +129,42 @@ class SparkPipelineJob:
         split_after_secs=self.options.split_stragglers_after_secs,
         worker_console_logs=not sc.master.startswith('local'))
     self._logs_forwarded = 0
-    try:
-      self._ctx.dependencies = ship_dependencies(sc, self.plan, self.log)
-      if self._ctx.dependencies is not None:
-        self._broadcasts.append(self._ctx.dependencies.content)
-      terminal = []
-      for stage in self.plan.stages:
-        self._check_cancelled()
-        outputs = self._translate(stage)
-        if outputs is not None and not any(
-            self._consumers.get(b) for b in stage.outputs.values()):
-          terminal.append(outputs)
+    self._ctx.dependencies = ship_dependencies(sc, self.plan, self.log)
+    if self._ctx.dependencies is not None:
+      self._broadcasts.append(self._ctx.dependencies.content)
+
+  def _execute(self) -> None:
+    """Batch: every stage's RDDs, then one action over the stages whose
+    output nothing reads."""
+    terminal = []
+    for stage in self.plan.stages:
       self._check_cancelled()
-      if terminal:
-        self._action(lambda: sc.union(terminal).foreach(tasks.consume))
-    finally:
-      self._forward_logs()
-      self._release_harnesses()
-      for rdd in self._persisted:
-        try:
-          rdd.unpersist()
-        except Exception:  # pylint: disable=broad-except
-          pass
-      for b in self._broadcasts:
-        try:
-          b.destroy()
-        except Exception:  # pylint: disable=broad-except
-          pass
+      outputs = self._translate(stage)
+      if outputs is not None and not any(
+          self._consumers.get(b) for b in stage.outputs.values()):
+        terminal.append(outputs)
+    self._check_cancelled()
+    if terminal:
+      self._action(
+          lambda: self.sc.union(terminal).foreach(tasks.consume))
+
+  def _close(self) -> None:
+    self._forward_logs()
+    self._release_harnesses()
+    self._unpersist()
+    for b in self._broadcasts:
+      try:
+        b.destroy()
+      except Exception:  # pylint: disable=broad-except
+        pass
+
+  def _unpersist(self) -> None:
+    for rdd in self._persisted:
+      try:
+        rdd.unpersist()
+      except Exception:  # pylint: disable=broad-except
+        pass
+    self._persisted = []
 
   def cancel(self) -> None:
     self._cancelled.set()
@@ -253,12 +271,16 @@ class SparkPipelineJob:
         for transform_id, buffer_id in stage.outputs.items()
         if tr.split_buffer_id(buffer_id)[0] == 'group'
     }
-    run = tasks.RunStage(self._ctx, stage, side, group_outputs)
+    run = self._run_stage_fn(stage, side, group_outputs)
     out = input_rdd.mapPartitionsWithIndex(run)
     if self._may_split(stage):
       out = self._split_rounds(stage, out, run)
     self._register_outputs(stage, out)
     return out
+
+  def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
+    """The function a stage's tasks run over their partitions."""
+    return tasks.RunStage(self._ctx, stage, side, group_outputs)
 
   def _may_split(self, stage: StagePlan) -> bool:
     """A splittable stage in its own harness: the runner may split it."""

@@ -136,11 +136,18 @@ class KeyedGrouper:
 
   def next_processing_time(self) -> Optional[Timestamp]:
     """When the earliest processing-time timer of any key is due."""
+    return self._next_fire(TimeDomain.REAL_TIME)
+
+  def next_event_time(self) -> Optional[Timestamp]:
+    """The watermark at which the earliest event-time timer is due."""
+    return self._next_fire(TimeDomain.WATERMARK)
+
+  def _next_fire(self, time_domain) -> Optional[Timestamp]:
     times = [
         timestamp for state in self._states.values()
         for timers in state.timers.values()
         for (_, domain, _), timestamp in timers.items()
-        if domain == TimeDomain.REAL_TIME
+        if domain == time_domain
     ]
     return min(times, default=None)
 

@@ -52,6 +52,12 @@ class TimerTable:
   def __len__(self) -> int:
     return sum(len(t) for t in self._pending.values())
 
+  def pending(self):
+    """(family, timer) for every pending timer (to store them)."""
+    for family, table in self._pending.items():
+      for timer in table.values():
+        yield family, timer
+
   def domain(self, family: Family) -> int:
     return self._domains.get(family, EVENT_TIME)
 

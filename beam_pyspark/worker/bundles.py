@@ -29,6 +29,7 @@ from apache_beam.metrics import monitoring_infos
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import metrics_pb2
+from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.options import DEFAULT_SPLIT_AFTER_SECS
@@ -119,11 +120,17 @@ class StageRunner:
       on_finish: Optional[Callable[[TaskResult], None]] = None,
       pipeline_options: Optional[dict] = None,
       split_after_secs: float = DEFAULT_SPLIT_AFTER_SECS,
-      state_backend: Optional[StateBackend] = None):
+      state_backend: Optional[StateBackend] = None,
+      timers: Optional[TimerTable] = None,
+      clocks: Optional[tuple[Timestamp, Timestamp]] = None):
     """``pipeline_options``: the job's, handed as they are to harnesses in
     their own processes; ``split_after_secs``: how long a splittable bundle
     runs before the runner splits it (0: never); ``state_backend``: where
-    user state lives between tasks (batch: in the task only)."""
+    user state lives between tasks (batch: in the task only); ``timers``:
+    the timers pending from earlier tasks (streaming; batch: none);
+    ``clocks``: (input watermark, processing time) at which timers are due
+    (streaming), or None for batch, where every timer fires once the input
+    is exhausted. Timers not yet due stay in ``self.timers``."""
     self.job_id = job_id
     self.runtime = runtime
     self.stage = stage
@@ -136,8 +143,9 @@ class StageRunner:
     self._harness: Optional[harnesses.Harness] = None
     self._metrics: list[metrics_pb2.MonitoringInfo] = []
     self._bundles = 0
-    self._timers = TimerTable(
+    self._timers = timers if timers is not None else TimerTable(
         {(t.transform_id, t.family_id): t.time_domain for t in stage.timers})
+    self._clocks = clocks
     self._to_finalize: list[str] = []
     self._timer_impls = {
         (t.transform_id, t.family_id): runtime.coder_impl(t.coder_id)
@@ -172,8 +180,14 @@ class StageRunner:
           pending, size = {}, 0
       if pending:
         yield from self._bundle(pending, {})
-      while self._timers:
-        yield from self._bundle({}, self._timers.take_round())
+      while True:
+        if self._clocks is None:
+          due = self._timers.take_round()
+        else:
+          due = self._timers.take_due(*self._clocks)
+        if not due:
+          break
+        yield from self._bundle({}, due)
       succeeded = True
     except PipelineExecutionError:
       self._discard_harness()
@@ -192,6 +206,11 @@ class StageRunner:
       self.on_finish(
           TaskResult(
               list(monitoring_infos.consolidate(self._metrics)), self._bundles))
+
+  @property
+  def timers(self) -> TimerTable:
+    """The stage's pending timers (after ``run``: those not yet due)."""
+    return self._timers
 
   def _bundle(self, data, timers) -> Iterator[tuple[str, bytes]]:
     """One bundle, then its residuals until none remain."""

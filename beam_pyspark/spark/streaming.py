@@ -1,0 +1,378 @@
+"""The streaming engine: a plan run in micro-batches, each in waves.
+
+A micro-batch is what the sources give at once: a TestStream's elements
+up to its next watermark or processing-time advance
+(``streaming.teststream``), or, for bounded sources, everything, in one
+batch. Within a batch the plan runs in *waves*: one pass over the stages
+in producer order, each stage handed what its producers wrote in that
+same wave, at the clocks computed before it (its input and output
+watermarks, the processing time). Between waves the driver moves the
+watermarks (``streaming.watermarks``, Prism's rules, with the holds that
+keyed tasks report) and runs another wave while some keyed stage has
+timers due: a GroupByKey whose windows the watermark closed, a stateful
+DoFn's event- or processing-time timers.
+
+Keyed work keeps state between waves and batches (``worker.streaming``):
+a GroupByKey runs Beam's trigger driver per key, a stateful stage loads
+its user state and timers; each of their partitions reports its new state
+(an opaque blob kept here and handed back, broadcast, the next time),
+its holds and when its next timers are due. Side inputs are everything
+their PCollection produced so far. Partitions are fixed for the job's
+life (crc32 of the encoded key, as in batch).
+
+Cancel stops between Spark actions. After the last batch the sources are
+exhausted: their watermarks go to +inf, processing time too, and waves
+run until nothing is due.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
+from apache_beam.runners.portability.fn_api_runner import translations as tr
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.planning.plan import IMPULSE_BUFFER
+from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark import tasks
+from beam_pyspark.spark.partitioning import shuffle_chunks
+from beam_pyspark.spark.translate import SparkPipelineJob
+from beam_pyspark.streaming import MAX_MICROS
+from beam_pyspark.streaming.teststream import TestStreamBatch
+from beam_pyspark.streaming.teststream import teststream_batches
+from beam_pyspark.streaming.watermarks import WatermarkGraph
+from beam_pyspark.worker.streaming import REPORT_TAG
+from beam_pyspark.worker.streaming import Clocks
+
+# Waves in one settling of the watermarks before the job is failed: timers
+# that keep setting timers due at once never settle.
+MAX_WAVES = 10000
+
+
+def create_streaming_engine(plan, job_id, options, log):
+  """The streaming engine (engine.ENGINES) on the user's running
+  SparkContext, or one started for ``options``."""
+  from beam_pyspark.spark.session import spark_context
+  sc = spark_context(options.master, options.conf)
+  return StreamingPipelineJob(sc, plan, job_id, options, log)
+
+
+def _is_report(record) -> bool:
+  return type(record) is tuple and record[0] == REPORT_TAG
+
+
+def _not_report(record) -> bool:
+  return not _is_report(record)
+
+
+def _group_node(buffer_id: bytes) -> str:
+  return 'gbk:' + buffer_id.decode('utf-8', 'replace')
+
+
+class StreamingPipelineJob(SparkPipelineJob):
+  """Runs one plan as a streaming job (an engine.Engine)."""
+  def __init__(self, sc, plan, job_id, options=None, log=None):
+    super().__init__(sc, plan, job_id, options, log)
+    self._graph = WatermarkGraph()
+    self._sources: list[str] = []  # nodes exhausted after the first wave
+    self._tag_nodes: dict[str, str] = {}  # TestStream tag -> its node
+    self._states: dict[str, dict[int, bytes]] = collections.defaultdict(dict)
+    self._next_event: dict[str, dict[int, int]] = collections.defaultdict(
+        dict)
+    self._next_processing: dict[str, dict[int, int]] = (
+        collections.defaultdict(dict))
+    self._side_history: dict[bytes, list[bytes]] = {}
+    self._side_done: set[bytes] = set()
+    self._first_wave = True
+    self._now = self._arrival = 0
+    self._waves = 0
+    self._batch: Optional[TestStreamBatch] = None
+    self._build_graph()
+
+  def describe(self) -> str:
+    return f'Spark {self.sc.master}, streaming'
+
+  # -- the watermark graph ------------------------------------------------------
+
+  def _node_of(self, stage: StagePlan, output_id: str) -> str:
+    if stage.kind == 'teststream':
+      return f'{stage.name}#{stage.output_tags[output_id]}'
+    return stage.name
+
+  def _written(self, buffer_id: bytes) -> list[str]:
+    """The graph's edges of the stages writing ``buffer_id``."""
+    return sorted({
+        f'{self._node_of(s, out)} -> {buffer_id!r}'
+        for s in self._producers.get(buffer_id, ())
+        for out, b in s.outputs.items() if b == buffer_id})
+
+  def _read(self, buffer_id: bytes) -> list[str]:
+    """The graph's edges a reader of ``buffer_id`` waits for."""
+    if tr.split_buffer_id(buffer_id)[0] == 'group':
+      return [_group_node(buffer_id) + ' out']
+    return self._written(buffer_id)
+
+  def _build_graph(self) -> None:
+    graph = self._graph
+    for stage in self.plan.stages:
+      if stage.kind == 'teststream':
+        for out, tag in stage.output_tags.items():
+          node = self._node_of(stage, out)
+          if node not in self._tag_nodes.values():
+            edges = [
+                f'{node} -> {b!r}' for o, b in stage.outputs.items()
+                if stage.output_tags[o] == tag]
+            graph.add_stage(node, outputs=sorted(set(edges)), source=True)
+            self._tag_nodes[tag] = node
+        continue
+      inputs = [e for b in stage.inputs.values() if b != IMPULSE_BUFFER
+                for e in self._read(b)]
+      sides = [e for si in stage.side_inputs for e in self._read(si.buffer_id)]
+      outputs = sorted({f'{stage.name} -> {b!r}'
+                        for b in stage.outputs.values()})
+      graph.add_stage(stage.name, inputs, outputs, sides, source=not inputs)
+      if not inputs:
+        self._sources.append(stage.name)
+    for buffer_id in self.plan.groups:
+      node = _group_node(buffer_id)
+      inputs = self._written(buffer_id)
+      graph.add_stage(node, inputs, [node + ' out'], source=not inputs)
+      if not inputs:
+        self._sources.append(node)
+
+  def _clocks(self, node: str) -> Clocks:
+    return Clocks(
+        self._graph.input_watermark(node), self._graph.output_watermark(node),
+        self._arrival, self._now)
+
+  def _due(self, node: str) -> bool:
+    """Whether a keyed node has timers due at its clocks."""
+    event = min(self._next_event[node].values(), default=None)
+    processing = min(self._next_processing[node].values(), default=None)
+    return ((event is not None and
+             event <= self._graph.input_watermark(node)) or
+            (processing is not None and processing <= self._now))
+
+  # -- the job --------------------------------------------------------------------
+
+  def _execute(self) -> None:
+    for batch in self._source_batches():
+      self._check_cancelled()
+      self._batch = batch
+      self._arrival = self._now = max(self._now, batch.arrival_time)
+      self._wave()
+      self._batch = None
+      if self._first_wave:
+        self._first_wave = False
+        for node in self._sources:
+          self._graph.set_source(node, MAX_MICROS)
+      for tag, watermark in batch.watermarks.items():
+        if tag in self._tag_nodes:
+          self._graph.set_source(self._tag_nodes[tag], watermark)
+      self._now = max(self._now, batch.processing_time)
+      self._settle()
+    # The sources are exhausted: whatever processing-time timers wait for
+    # fires now, as at the end of a batch job.
+    self._now = MAX_MICROS
+    self._settle()
+    if not self._graph.done:
+      self.log('The streaming job ended with watermarks held back: '
+               f'{self._graph.snapshot()}')
+
+  def _source_batches(self) -> list[TestStreamBatch]:
+    streams = [s for s in self.plan.stages if s.kind == 'teststream']
+    if len(streams) > 1:
+      raise PipelineExecutionError(
+          'The pipeline has more than one TestStream; Beam runners replay '
+          'one. Merge their events into one TestStream with tagged outputs.')
+    if streams:
+      stream = streams[0]
+      payload = beam_runner_api_pb2.TestStreamPayload.FromString(
+          stream.read_payload)
+      return teststream_batches(payload,
+                                sorted(set(stream.output_tags.values())))
+    now = Timestamp.now().micros
+    return [TestStreamBatch({}, {}, now, now, last=True)]
+
+  def _settle(self) -> None:
+    """Moves the watermarks and runs waves until nothing is due."""
+    for _ in range(MAX_WAVES):
+      self._graph.refresh()
+      if not any(self._due(node) for node in self._next_event.keys() |
+                 self._next_processing.keys()):
+        return
+      self._wave()
+    raise PipelineExecutionError(
+        f'Timers kept firing for {MAX_WAVES} waves without the watermarks '
+        'settling: a timer that sets a timer due at once, for ever?')
+
+  def _wave(self) -> None:
+    """One pass over the stages, each handed what was written this wave."""
+    self._waves += 1
+    self._producer_rdds = {}
+    self._buffer_rdds = {}
+    self._side_chunks = {}
+    self._side_done = set()
+    broadcasts = len(self._broadcasts)
+    terminal = []
+    try:
+      for stage in self.plan.stages:
+        self._check_cancelled()
+        if not self._runs(stage):
+          continue
+        outputs = self._translate(stage)
+        if outputs is not None and not any(
+            self._consumers.get(b) for b in stage.outputs.values()):
+          terminal.append(outputs)
+      # Side inputs nothing read this wave still keep what was written.
+      for buffer_id in self._side_buffer_ids:
+        self._collect(buffer_id)
+      if terminal:
+        self._action(lambda: self.sc.union(terminal).foreach(tasks.consume))
+    finally:
+      self._unpersist()
+      for b in self._broadcasts[broadcasts:]:
+        try:
+          b.destroy()
+        except Exception:  # pylint: disable=broad-except
+          pass
+      del self._broadcasts[broadcasts:]
+      self._arrival = self._now
+
+  def _runs(self, stage: StagePlan) -> bool:
+    """Whether ``stage`` has anything to do in this wave."""
+    if stage.kind == 'teststream':
+      batch = self._batch
+      return batch is not None and any(
+          batch.elements.get(tag) for tag in stage.output_tags.values())
+    inputs = [b for b in stage.inputs.values() if b != IMPULSE_BUFFER]
+    if not inputs:
+      return self._first_wave
+    if any(self._has_data(b) for b in inputs):
+      return True
+    return stage.stateful and self._due(stage.name)
+
+  def _has_data(self, buffer_id: bytes) -> bool:
+    if tr.split_buffer_id(buffer_id)[0] == 'group':
+      return bool(self._producer_rdds.get(buffer_id)) or self._due(
+          _group_node(buffer_id))
+    return bool(self._producer_rdds.get(buffer_id))
+
+  # -- stages -------------------------------------------------------------------
+
+  def _translate(self, stage: StagePlan):
+    if stage.kind == 'teststream':
+      return self._test_stream(stage)
+    return super()._translate(stage)
+
+  def _test_stream(self, stage: StagePlan):
+    """This batch's elements of a TestStream, per output."""
+    outs = []
+    for out_id, tag in stage.output_tags.items():
+      events = self._batch.elements.get(tag)
+      if not events:
+        continue
+      payload = beam_runner_api_pb2.TestStreamPayload.FromString(
+          stage.read_payload)
+      rdd = (
+          self.sc.parallelize(events, 1).mapPartitions(
+              tasks.TestStreamElements(self._ctx, payload.coder_id,
+                                       stage.element_coders[out_id]))
+          .map(tasks.Tag(out_id)))
+      outs.append(rdd)
+      self._producer_rdds.setdefault(stage.outputs[out_id], []).append(
+          rdd.map(tasks.untag))
+    return self._union(outs) if outs else None
+
+  def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
+    node = stage.name
+    states = self._broadcast_states(node) if stage.stateful else None
+    wave = tasks.StreamWave(node, self._clocks(node), states)
+    return tasks.RunStage(self._ctx, stage, side, group_outputs, wave)
+
+  def _register_outputs(self, stage: StagePlan, out) -> None:
+    if stage.stateful and stage.kind == 'sdk':
+      out = self._keyed_output(stage.name, out)
+    super()._register_outputs(stage, out)
+
+  def _compact(self, buffer_id: bytes) -> bool:
+    # The trigger driver needs every element's timestamp and windows.
+    return False
+
+  def _may_page(self, buffer_id: bytes) -> bool:
+    return False
+
+  # -- buffers --------------------------------------------------------------------
+
+  def _buffer(self, buffer_id: bytes):
+    rdd = self._buffer_rdds.get(buffer_id)
+    if rdd is not None:
+      return rdd
+    if buffer_id == IMPULSE_BUFFER:
+      rdd = self.sc.parallelize([ENCODED_IMPULSE_VALUE], 1)
+    elif tr.split_buffer_id(buffer_id)[0] == 'group':
+      rdd = self._group(buffer_id)
+    else:
+      rdd = self._union(self._producer_rdds.get(buffer_id, []))
+    self._buffer_rdds[buffer_id] = rdd
+    return rdd
+
+  def _group(self, buffer_id: bytes):
+    """A GroupByKey's reduce side in this wave: its new records, its state."""
+    node = _group_node(buffer_id)
+    producers = self._producer_rdds.get(buffer_id, [])
+    if producers:
+      records = shuffle_chunks(self._union(producers), self._parallelism)
+    else:
+      records = self.sc.parallelize([], self._parallelism)
+    wave = tasks.StreamWave(node, self._clocks(node),
+                            self._broadcast_states(node))
+    out = records.mapPartitionsWithIndex(
+        tasks.StreamGroup(self._ctx, self.plan.groups[buffer_id], wave))
+    return self._keyed_output(node, out)
+
+  def _keyed_output(self, node: str, out):
+    """Runs a keyed node's tasks now: their reports update its state,
+    holds and timers; its data is read from the persisted output."""
+    out = out.persist()
+    self._persisted.append(out)
+    reports = self._action(out.filter(_is_report).map(tasks.untag).collect)
+    for report in reports:
+      p = report.partition
+      if report.state is None:
+        self._states[node].pop(p, None)
+      else:
+        self._states[node][p] = report.state
+      self._graph.set_hold(node, ('partition', p), report.hold)
+      _set(self._next_event[node], p, report.next_event)
+      _set(self._next_processing[node], p, report.next_processing)
+    return out.filter(_not_report)
+
+  def _broadcast_states(self, node: str):
+    states = self._states.get(node)
+    if not states:
+      return None
+    b = self.sc.broadcast(dict(states))
+    self._broadcasts.append(b)
+    return b
+
+  def _collect(self, buffer_id: bytes) -> list[bytes]:
+    """A side input: everything its PCollection produced so far."""
+    history = self._side_history.setdefault(buffer_id, [])
+    if buffer_id not in self._side_done:
+      self._side_done.add(buffer_id)
+      if self._has_data(buffer_id):
+        history.extend(self._action(self._buffer(buffer_id).collect))
+    return list(history)
+
+
+def _set(table: dict, partition: int, value: Optional[int]) -> None:
+  if value is None:
+    table.pop(partition, None)
+  else:
+    table[partition] = value
+

@@ -1,0 +1,171 @@
+"""Inside executors: the keyed work of one streaming wave, with its state.
+
+A streaming job runs the plan in *waves* (``spark.streaming``): each wave
+hands every stage what its producers wrote in that wave, at the clocks
+the driver computed before it. Keyed work keeps state between waves, one
+opaque blob per (node, partition), which the driver holds and hands back:
+
+- a GroupByKey's reduce side runs Beam's trigger driver per key
+  (``streaming.grouping.KeyedGrouper``) over the partition's records;
+- a stateful stage's user state (``worker.state.StoredState``) and pending
+  timers (``streaming.timers.TimerTable``) are loaded, the stage runs with
+  only the timers due at the wave's clocks firing, and both are saved.
+
+Each task reports a ``PartitionReport``: its new blob, the earliest output
+hold it keeps (elements a trigger has not emitted, a timer's output
+timestamp), and when its next timers are due, which is how the driver
+knows which stages a later wave must run.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import pickle
+from typing import Iterable
+from typing import Iterator
+from typing import Optional
+
+from apache_beam.internal import pickler
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_pyspark.planning.plan import GroupSpec
+from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.streaming import MAX_MICROS
+from beam_pyspark.streaming.grouping import KeyedGrouper
+from beam_pyspark.streaming.timers import EVENT_TIME
+from beam_pyspark.streaming.timers import PROCESSING_TIME
+from beam_pyspark.streaming.timers import TimerTable
+from beam_pyspark.worker.elements import decode_all
+from beam_pyspark.worker.elements import encode_stream
+from beam_pyspark.worker.runtime import JobRuntime
+from beam_pyspark.worker.shuffle import unpack_records
+
+# Records of a streaming task that carry its PartitionReport, next to its
+# data records: (REPORT_TAG, PartitionReport).
+REPORT_TAG = '\x00report'
+
+
+@dataclasses.dataclass(frozen=True)
+class Clocks:
+  """The times a wave runs at, in microseconds: the node's input and output
+  watermarks before the wave, when its new elements arrived, and the
+  processing time its timers are due at."""
+  input_watermark: int
+  output_watermark: int
+  arrival_time: int
+  processing_time: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionReport:
+  node: str
+  partition: int
+  state: Optional[bytes]  # the partition's new state (None: none left)
+  hold: Optional[int]  # earliest output hold (micros), None for none
+  next_event: Optional[int]  # watermark at which a timer is next due
+  next_processing: Optional[int]  # processing time a timer is next due
+
+
+def _micros(ts: Optional[Timestamp]) -> Optional[int]:
+  return None if ts is None else Timestamp.of(ts).micros
+
+
+def _finite(ts: Optional[Timestamp]) -> Optional[int]:
+  """A hold as micros; None for no hold (None or +inf)."""
+  micros = _micros(ts)
+  return None if micros is None or micros >= MAX_MICROS else micros
+
+
+# -- GroupByKey ---------------------------------------------------------------
+
+
+def group_stream(runtime: JobRuntime, spec: GroupSpec, node: str,
+                 partition: int, chunks: Iterable[bytes],
+                 blob: Optional[bytes], clocks: Clocks) -> Iterator:
+  """The reduce side of a streaming GroupByKey over one partition's
+  shuffled records: yields encoded output chunks, then
+  (REPORT_TAG, PartitionReport)."""
+  in_impl = runtime.coder_impl(spec.input_coder_id)
+  out_impl = runtime.coder_impl(spec.output_coder_id)
+  grouper = KeyedGrouper(runtime.windowing(spec.windowing_strategy_id))
+  keys: dict[bytes, object] = {}
+  if blob is not None:
+    saved = pickler.loads(blob)
+    grouper.restore(saved['states'])
+    keys.update(saved['keys'])
+  by_key: dict[bytes, list] = collections.defaultdict(list)
+  for key_bytes, encoded in unpack_records(chunks):
+    wv = next(decode_all(in_impl, [encoded]))
+    keys.setdefault(key_bytes, wv.value[0])
+    by_key[key_bytes].append(wv.with_value(wv.value[1]))
+  input_wm = Timestamp(micros=clocks.input_watermark)
+  output_wm = Timestamp(micros=clocks.output_watermark)
+  panes = []
+  for key_bytes, values in by_key.items():
+    panes.extend(grouper.process(key_bytes, values, input_wm, output_wm,
+                                 Timestamp(micros=clocks.arrival_time)))
+  panes.extend(
+      grouper.advance(input_wm, Timestamp(micros=clocks.processing_time)))
+  yield from encode_stream(
+      out_impl, (pane.with_value((keys[pane.value[0]], pane.value[1]))
+                 for pane in panes))
+  live = set(grouper.keys())
+  state = None
+  if live:
+    state = pickler.dumps({
+        'states': grouper.snapshot(),
+        'keys': {k: v for k, v in keys.items() if k in live}})
+  yield REPORT_TAG, PartitionReport(
+      node, partition, state, _finite(grouper.hold()),
+      _micros(grouper.next_event_time()),
+      _micros(grouper.next_processing_time()))
+
+
+# -- stateful stages ----------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StageState:
+  """A stateful stage's partition between waves: user state (serialized
+  StateKey -> encoded chunks) and pending timers."""
+  store: dict
+  timers: TimerTable
+
+
+def load_stage_state(runtime: JobRuntime, stage: StagePlan,
+                     blob: Optional[bytes]) -> StageState:
+  table = TimerTable(
+      {(t.transform_id, t.family_id): t.time_domain for t in stage.timers})
+  if blob is None:
+    return StageState({}, table)
+  saved = pickle.loads(blob)
+  impls = _timer_impls(runtime, stage)
+  for family, encoded in saved['timers'].items():
+    table.written(*family, decode_all(impls[family], [encoded]))
+  return StageState(saved['store'], table)
+
+
+def save_stage_state(runtime: JobRuntime, stage: StagePlan, node: str,
+                     partition: int, state: StageState) -> PartitionReport:
+  impls = _timer_impls(runtime, stage)
+  timers: dict = collections.defaultdict(list)
+  for family, timer in state.timers.pending():
+    timers[family].append(timer)
+  encoded = {
+      family: b''.join(encode_stream(impls[family], pending))
+      for family, pending in timers.items()}
+  blob = None
+  if state.store or encoded:
+    blob = pickle.dumps({'store': dict(state.store), 'timers': encoded},
+                        protocol=pickle.HIGHEST_PROTOCOL)
+  table = state.timers
+  return PartitionReport(
+      node, partition, blob, _finite(table.hold()),
+      _micros(table.next_fire(EVENT_TIME)),
+      _micros(table.next_fire(PROCESSING_TIME)))
+
+
+def _timer_impls(runtime: JobRuntime, stage: StagePlan) -> dict:
+  return {(t.transform_id, t.family_id): runtime.coder_impl(t.coder_id)
+          for t in stage.timers}
