@@ -17,6 +17,7 @@ import unittest
 import apache_beam as beam
 from apache_beam.portability import python_urns
 from apache_beam.options.pipeline_options import PortableOptions
+from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability import portable_runner_test as beam_prt
 from apache_beam.runners.portability.fn_api_runner import fn_runner_test
 
@@ -94,13 +95,42 @@ class PySparkPortableRunnerTest(beam_prt.PortableRunnerTest):
   test_large_elements = _unskipped(
       fn_runner_test.FnApiRunnerTest.test_large_elements)
 
-  # test_teststream_pardo_timers stays skipped, under Beam's own
-  # @unittest.skip('TestStream not yet supported'), which holds for us too:
-  # TestStream scripts watermark and processing-time advances between
-  # elements, which only a streaming execution can honour. Our translation
-  # is batch (every input complete before a stage runs), so rather than run
-  # such a pipeline with different semantics we refuse it at submission with
-  # an error naming TestStream (tests/test_planning.py checks that refusal).
+  # Beam skips it ("TestStream not yet supported"); a TestStream runs on
+  # our streaming engine, so it runs here. It asserts nothing of its own:
+  # test_teststream_pardo_timers_output checks what it fires.
+  test_teststream_pardo_timers = _unskipped(
+      fn_runner_test.FnApiRunnerTest.test_teststream_pardo_timers)
+
+  def test_teststream_pardo_timers_output(self):
+    """test_teststream_pardo_timers, with the output Beam left commented
+    out: each key's last timer fires once, at its timestamp, as the
+    TestStream's watermark passes it."""
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.testing.util import assert_that
+    from apache_beam.testing.util import equal_to
+    from apache_beam.transforms import userstate
+    timer_spec = userstate.TimerSpec('timer', userstate.TimeDomain.WATERMARK)
+
+    class TimerDoFn(beam.DoFn):
+      def process(self, element, timer=beam.DoFn.TimerParam(timer_spec)):
+        unused_key, ts = element
+        timer.set(ts)
+        timer.set(2 * ts)
+
+      @userstate.on_timer(timer_spec)
+      def process_timer(self):
+        yield 'fired'
+
+    ts = (
+        TestStream().add_elements([('k1', 10)]).advance_watermark_to(100)
+        .add_elements([('k2', 100)]).advance_watermark_to(1000))
+    with self.create_pipeline() as p:
+      actual = (
+          p
+          | ts
+          | beam.ParDo(TimerDoFn())
+          | beam.Map(lambda x, ts=beam.DoFn.TimestampParam: (x, ts)))
+      assert_that(actual, equal_to([('fired', 20), ('fired', 200)]))
 
   def test_batch_rebatch_pardos(self):
     # The test asserts, with assertWarnsRegex, that Python's warnings
@@ -135,6 +165,26 @@ class PySparkPortableRunnerTest(beam_prt.PortableRunnerTest):
 class PySparkPortableRunnerLoopbackTest(PySparkPortableRunnerTest):
   """The same suite with LOOPBACK: the SDK harness is a worker pool in the
   test (client) process, driven by the executors over the gRPC Fn API."""
+
+  def create_options(self):
+    options = super().create_options()
+    options.view_as(PortableOptions).environment_type = 'LOOPBACK'
+    return options
+
+
+class PySparkPortableRunnerStreamingTest(PySparkPortableRunnerTest):
+  """The whole suite with --streaming, as Beam runs it for Flink
+  (FlinkRunnerTestStreaming): every pipeline on the streaming engine."""
+
+  def create_options(self):
+    options = super().create_options()
+    options.view_as(StandardOptions).streaming = True
+    return options
+
+
+class PySparkPortableRunnerStreamingLoopbackTest(
+    PySparkPortableRunnerStreamingTest):
+  """--streaming with LOOPBACK harnesses."""
 
   def create_options(self):
     options = super().create_options()

@@ -55,11 +55,17 @@ def test_every_runner_option_is_described():
   assert all(o.description for o in runner_options())
 
 
-def test_streaming_flag_is_refused_until_the_streaming_engine_exists():
-  p = beam.Pipeline(options=spark_options(streaming=True))
-  _ = p | beam.Create([1]) | beam.Map(str)
-  with pytest.raises(UnsupportedPipelineError, match='--streaming'):
-    p.run()
+def test_streaming_flag_runs_a_bounded_pipeline_on_the_streaming_engine(
+    caplog):
+  # Bounded sources in streaming: one micro-batch with all of their input,
+  # then the watermarks go to +inf and every window fires, as in batch.
+  with caplog.at_level('INFO', logger='beam_pyspark'):
+    with beam.Pipeline(options=spark_options(streaming=True)) as p:
+      out = (p | beam.Create([('a', 1), ('b', 2), ('a', 3)])
+             | beam.GroupByKey() | beam.MapTuple(lambda k, v: (k, sorted(v))))
+      assert_that(out, equal_to([('a', [1, 3]), ('b', [2])]))
+  assert any('streaming' in r.getMessage() and 'stages on Spark' in
+             r.getMessage() for r in caplog.records)
 
 
 class _Forever(beam.DoFn):
@@ -94,14 +100,15 @@ class _UnboundedCount(beam.DoFn):
 
 
 def test_unbounded_pcollection_runs_until_its_source_stops(caplog):
-  # An unbounded SDF that stops claiming ends, as on Beam's FnApiRunner
-  # (Beam's conformance suite runs PeriodicImpulse with a stop time so).
-  with caplog.at_level('WARNING', logger='beam_pyspark'):
+  # An unbounded PCollection makes the job a streaming one; an unbounded
+  # SDF that stops claiming ends, as on Beam's FnApiRunner (Beam's
+  # conformance suite runs PeriodicImpulse with a stop time so).
+  with caplog.at_level('INFO', logger='beam_pyspark'):
     with beam.Pipeline(options=spark_options()) as p:
       out = p | beam.Create([3]) | 'Endless' >> beam.ParDo(_UnboundedCount())
       assert_that(out, equal_to([0, 1, 2]))
-  assert any('unbounded PCollections' in r.getMessage() and
-             'Endless' in r.getMessage() for r in caplog.records)
+  assert any('streaming' in r.getMessage() and 'stages on Spark' in
+             r.getMessage() for r in caplog.records)
 
 
 def test_unbounded_pcollection_runs_drained():

@@ -105,7 +105,8 @@ def test_non_default_windowing_is_detected():
 
 def test_unsupported_items_are_all_listed_at_once():
   def build(p):
-    (p | _TestStream().add_elements([1]) | beam.Map(lambda x: x))
+    (p | 'One' >> _TestStream().add_elements([1]) | beam.Map(lambda x: x))
+    (p | 'Two' >> _TestStream().add_elements([2]) | 'M' >> beam.Map(str))
   proto = _proto(build)
   proto.requirements.append('beam:requirement:pardo:made_up:v1')
   docker = proto.components.environments['docker_env']
@@ -113,7 +114,7 @@ def test_unsupported_items_are_all_listed_at_once():
   with pytest.raises(UnsupportedPipelineError) as info:
     check_supported(proto)
   reasons = info.value.reasons
-  assert any('TestStream' in r for r in reasons)
+  assert any('2 TestStreams' in r for r in reasons)
   assert any('made_up' in r for r in reasons)
   assert any('docker_env' in r and 'embedded' in r for r in reasons)
   assert 'Change or remove' in str(info.value)

@@ -69,7 +69,9 @@ def test_state_and_metrics_after_success():
 def test_unsupported_pipeline_is_refused_before_running():
   from apache_beam.testing.test_stream import TestStream
   p = beam.Pipeline(options=PipelineOptions(OURS))
-  _ = p | TestStream().add_elements([1]) | beam.Map(str)
+  # Beam's runners replay one TestStream; two are refused.
+  _ = p | 'One' >> TestStream().add_elements([1]) | beam.Map(str)
+  _ = p | 'Two' >> TestStream().add_elements([2]) | 'Str' >> beam.Map(str)
   with pytest.raises(UnsupportedPipelineError, match='TestStream'):
     p.run()
 

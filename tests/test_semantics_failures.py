@@ -151,12 +151,14 @@ def test_failing_assert_that_fails_the_pipeline():
   assert 'missing elements [31]' in str(raised.value)
 
 
-def test_test_stream_is_refused_before_running(tmp_path):
+def test_two_test_streams_are_refused_before_running(tmp_path):
+  # Beam's runners replay one TestStream per pipeline.
   marker = str(tmp_path / 'ran.txt')
   p = beam.Pipeline(options=options())
   _ = (
       p | test_stream.TestStream().add_elements([1, 2, 3]).advance_watermark_to_infinity()
       | 'Double' >> beam.Map(lambda x: x * 2))
+  _ = p | 'Again' >> test_stream.TestStream().add_elements([4])
   _ = p | 'Other' >> beam.Create([1, 2]) | beam.ParDo(TouchFile(marker))
   with pytest.raises(UnsupportedPipelineError) as raised:
     p.run()
@@ -171,6 +173,7 @@ def test_every_unsupported_item_is_listed_at_once():
   _ = p | 'Second' >> test_stream.TestStream().add_elements(['a'])
   with pytest.raises(UnsupportedPipelineError) as raised:
     p.run()
-  reasons = raised.value.reasons
-  assert len([r for r in reasons if 'TestStream' in r]) == 2
-  assert 'First' in str(raised.value) and 'Second' in str(raised.value)
+  # One reason names them all (tests/test_planning.py lists several kinds
+  # of reason at once).
+  (reason,) = [r for r in raised.value.reasons if 'TestStream' in r]
+  assert 'First' in reason and 'Second' in reason

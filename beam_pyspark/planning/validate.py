@@ -99,6 +99,7 @@ def unsupported_reasons(
           f'windowing strategy {ws_id!r} is already merged, which batch '
           'grouping cannot honour')
 
+  test_streams: list[str] = []
   structure = _structure_reasons(pipeline)
   if structure:
     # Nothing below can walk a malformed tree safely.
@@ -108,14 +109,7 @@ def unsupported_reasons(
     urn = transform.spec.urn
     name = transform.unique_name or transform_id
     if urn == common_urns.primitives.TEST_STREAM.urn:
-      # Replayed by the streaming engine (streaming.teststream).
-      payload = beam_runner_api_pb2.TestStreamPayload.FromString(
-          transform.spec.payload)
-      if payload.endpoint.url:
-        reasons.append(
-            f'transform {name!r} is a TestStream replayed from a '
-            f'TestStreamService ({payload.endpoint.url}), which is not '
-            'supported; give its events inline')
+      test_streams.append(name)  # replayed by the streaming engine
       continue
     if urn in RUNNER_PRIMITIVES:
       continue
@@ -145,6 +139,11 @@ def unsupported_reasons(
         reasons.append(
             f'transform {name!r} requires time-sorted input, which is not '
             'supported')
+  if len(test_streams) > 1:
+    reasons.append(
+        f'the pipeline has {len(test_streams)} TestStreams '
+        f'({", ".join(repr(n) for n in sorted(test_streams))}); Beam\'s '
+        'runners replay one: give one TestStream tagged outputs instead')
   return reasons
 
 

@@ -45,12 +45,15 @@ from beam_pyspark.streaming import MAX_MICROS
 from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.streaming.teststream import teststream_batches
 from beam_pyspark.streaming.watermarks import WatermarkGraph
+from beam_pyspark.worker.streaming import HELD_TAG
 from beam_pyspark.worker.streaming import REPORT_TAG
 from beam_pyspark.worker.streaming import Clocks
 
 # Waves in one settling of the watermarks before the job is failed: timers
 # that keep setting timers due at once never settle.
 MAX_WAVES = 10000
+# How long reading a TestStream's events from its service may take.
+SERVICE_TIMEOUT_SECS = 300
 
 
 def create_streaming_engine(plan, job_id, options, log):
@@ -61,12 +64,41 @@ def create_streaming_engine(plan, job_id, options, log):
   return StreamingPipelineJob(sc, plan, job_id, options, log)
 
 
-def _is_report(record) -> bool:
-  return type(record) is tuple and record[0] == REPORT_TAG
+def read_test_stream_service(
+    payload: beam_runner_api_pb2.TestStreamPayload,
+    tags: list[str]) -> beam_runner_api_pb2.TestStreamPayload:
+  """The TestStream's events read from its TestStreamService (Beam's
+  ``TestStreamServiceController``), inline."""
+  import grpc
+  from apache_beam.portability.api import beam_interactive_api_pb2
+  from apache_beam.portability.api import beam_interactive_api_pb2_grpc
+  url = payload.endpoint.url
+  inline = beam_runner_api_pb2.TestStreamPayload(coder_id=payload.coder_id)
+  try:
+    with grpc.insecure_channel(url) as channel:
+      stub = beam_interactive_api_pb2_grpc.TestStreamServiceStub(channel)
+      for event in stub.Events(
+          beam_interactive_api_pb2.EventsRequest(output_ids=tags),
+          timeout=SERVICE_TIMEOUT_SECS):
+        inline.events.append(event)
+  except grpc.RpcError as exn:
+    raise PipelineExecutionError(
+        f'Could not read the TestStream\'s events from its TestStreamService '
+        f'at {url}: {exn.code().name}: {exn.details()}. Is the service '
+        'still running, and reachable from the job server?') from exn
+  return inline
 
 
-def _not_report(record) -> bool:
-  return not _is_report(record)
+_CONTROL_TAGS = (REPORT_TAG, HELD_TAG)
+
+
+def _is_control(record) -> bool:
+  """A task's report or held-back element, not data."""
+  return type(record) is tuple and record[0] in _CONTROL_TAGS
+
+
+def _is_data(record) -> bool:
+  return not _is_control(record)
 
 
 def _group_node(buffer_id: bytes) -> str:
@@ -87,6 +119,11 @@ class StreamingPipelineJob(SparkPipelineJob):
         collections.defaultdict(dict))
     self._side_history: dict[bytes, list[bytes]] = {}
     self._side_done: set[bytes] = set()
+    # Stages with side inputs: main input held back until its side inputs
+    # are ready, as (input id, encoded element), and the side watermarks
+    # it was last tried at.
+    self._held: dict[str, list] = {}
+    self._held_at: dict[str, tuple] = {}
     self._first_wave = True
     self._now = self._arrival = 0
     self._waves = 0
@@ -110,7 +147,7 @@ class StreamingPipelineJob(SparkPipelineJob):
         for s in self._producers.get(buffer_id, ())
         for out, b in s.outputs.items() if b == buffer_id})
 
-  def _read(self, buffer_id: bytes) -> list[str]:
+  def _readers_wait_for(self, buffer_id: bytes) -> list[str]:
     """The graph's edges a reader of ``buffer_id`` waits for."""
     if tr.split_buffer_id(buffer_id)[0] == 'group':
       return [_group_node(buffer_id) + ' out']
@@ -130,8 +167,8 @@ class StreamingPipelineJob(SparkPipelineJob):
             self._tag_nodes[tag] = node
         continue
       inputs = [e for b in stage.inputs.values() if b != IMPULSE_BUFFER
-                for e in self._read(b)]
-      sides = [e for si in stage.side_inputs for e in self._read(si.buffer_id)]
+                for e in self._readers_wait_for(b)]
+      sides = [e for si in stage.side_inputs for e in self._readers_wait_for(si.buffer_id)]
       outputs = sorted({f'{stage.name} -> {b!r}'
                         for b in stage.outputs.values()})
       graph.add_stage(stage.name, inputs, outputs, sides, source=not inputs)
@@ -148,6 +185,29 @@ class StreamingPipelineJob(SparkPipelineJob):
     return Clocks(
         self._graph.input_watermark(node), self._graph.output_watermark(node),
         self._arrival, self._now)
+
+  def _side_watermarks(self, stage: StagePlan) -> dict:
+    """(transform id, tag) -> the watermark of each side input's buffer."""
+    return {
+        (si.transform_id, si.tag): min(
+            (self._graph.pcollection_watermark(e)
+             for e in self._readers_wait_for(si.buffer_id)), default=MAX_MICROS)
+        for si in stage.side_inputs}
+
+  def _retry_held(self, stage: StagePlan) -> bool:
+    """Whether a stage holds main input its side inputs may now be ready
+    for (their watermarks moved since it was held)."""
+    return bool(self._held.get(stage.name)) and (
+        tuple(sorted(self._side_watermarks(stage).items())) !=
+        self._held_at.get(stage.name))
+
+  def _pending(self) -> bool:
+    """Whether some stage has work without new input: timers due, or
+    held-back input to try again."""
+    return any(self._due(node) for node in self._next_event.keys() |
+               self._next_processing.keys()) or any(
+                   self._retry_held(s) for s in self.plan.stages
+                   if s.side_inputs)
 
   def _due(self, node: str) -> bool:
     """Whether a keyed node has timers due at its clocks."""
@@ -185,16 +245,15 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _source_batches(self) -> list[TestStreamBatch]:
     streams = [s for s in self.plan.stages if s.kind == 'teststream']
-    if len(streams) > 1:
-      raise PipelineExecutionError(
-          'The pipeline has more than one TestStream; Beam runners replay '
-          'one. Merge their events into one TestStream with tagged outputs.')
-    if streams:
+    if streams:  # validation allows one
       stream = streams[0]
+      tags = sorted(set(stream.output_tags.values()))
       payload = beam_runner_api_pb2.TestStreamPayload.FromString(
           stream.read_payload)
-      return teststream_batches(payload,
-                                sorted(set(stream.output_tags.values())))
+      if payload.endpoint.url:
+        return teststream_batches(
+            read_test_stream_service(payload, tags), tags, unit=1)
+      return teststream_batches(payload, tags)
     now = Timestamp.now().micros
     return [TestStreamBatch({}, {}, now, now, last=True)]
 
@@ -202,8 +261,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     """Moves the watermarks and runs waves until nothing is due."""
     for _ in range(MAX_WAVES):
       self._graph.refresh()
-      if not any(self._due(node) for node in self._next_event.keys() |
-                 self._next_processing.keys()):
+      if not self._pending():
         return
       self._wave()
     raise PipelineExecutionError(
@@ -249,6 +307,8 @@ class StreamingPipelineJob(SparkPipelineJob):
       batch = self._batch
       return batch is not None and any(
           batch.elements.get(tag) for tag in stage.output_tags.values())
+    if stage.side_inputs and self._retry_held(stage):
+      return True
     inputs = [b for b in stage.inputs.values() if b != IMPULSE_BUFFER]
     if not inputs:
       return self._first_wave
@@ -291,11 +351,22 @@ class StreamingPipelineJob(SparkPipelineJob):
   def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
     node = stage.name
     states = self._broadcast_states(node) if stage.stateful else None
-    wave = tasks.StreamWave(node, self._clocks(node), states)
+    side_watermarks = None
+    if stage.side_inputs and not stage.stateful:
+      side_watermarks = self._side_watermarks(stage)
+      self._held_at[node] = tuple(sorted(side_watermarks.items()))
+    wave = tasks.StreamWave(node, self._clocks(node), states, side_watermarks)
     return tasks.RunStage(self._ctx, stage, side, group_outputs, wave)
 
+  def _extra_inputs(self, stage: StagePlan) -> list:
+    """Main input held back earlier, tried again."""
+    held = self._held.pop(stage.name, None)
+    if not held:
+      return []
+    return [self.sc.parallelize(held, 1)]
+
   def _register_outputs(self, stage: StagePlan, out) -> None:
-    if stage.stateful and stage.kind == 'sdk':
+    if stage.kind == 'sdk' and (stage.stateful or stage.side_inputs):
       out = self._keyed_output(stage.name, out)
     super()._register_outputs(stage, out)
 
@@ -313,7 +384,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     if rdd is not None:
       return rdd
     if buffer_id == IMPULSE_BUFFER:
-      rdd = self.sc.parallelize([ENCODED_IMPULSE_VALUE], 1)
+      # The impulse fires once, in the job's first wave.
+      rdd = self.sc.parallelize(
+          [ENCODED_IMPULSE_VALUE] if self._first_wave else [], 1)
     elif tr.split_buffer_id(buffer_id)[0] == 'group':
       rdd = self._group(buffer_id)
     else:
@@ -336,11 +409,18 @@ class StreamingPipelineJob(SparkPipelineJob):
     return self._keyed_output(node, out)
 
   def _keyed_output(self, node: str, out):
-    """Runs a keyed node's tasks now: their reports update its state,
-    holds and timers; its data is read from the persisted output."""
+    """Runs a node's tasks now: their reports update its state, holds and
+    timers, and the main input they held back is kept for a later wave;
+    its data is read from the persisted output."""
     out = out.persist()
     self._persisted.append(out)
-    reports = self._action(out.filter(_is_report).map(tasks.untag).collect)
+    control = self._action(out.filter(_is_control).collect)
+    reports = [record for tag, record in control if tag == REPORT_TAG]
+    held = [record for tag, record in control if tag == HELD_TAG]
+    if held:
+      self._held[node] = [(t, element) for t, element, _ in held]
+    self._graph.set_hold(node, 'held', min(
+        (ts for _, _, ts in held), default=None))
     for report in reports:
       p = report.partition
       if report.state is None:
@@ -350,7 +430,7 @@ class StreamingPipelineJob(SparkPipelineJob):
       self._graph.set_hold(node, ('partition', p), report.hold)
       _set(self._next_event[node], p, report.next_event)
       _set(self._next_processing[node], p, report.next_processing)
-    return out.filter(_not_report)
+    return out.filter(_is_data)
 
   def _broadcast_states(self, node: str):
     states = self._states.get(node)

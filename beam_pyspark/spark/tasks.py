@@ -183,6 +183,9 @@ class StreamWave:
   node: str
   clocks: streaming.Clocks
   states: object = None  # Broadcast[dict[int, bytes]] or None
+  # Stages with side inputs: (transform id, tag) -> the side input's
+  # watermark; main input not ready by it is held back (HELD_TAG records).
+  side_watermarks: Optional[dict] = None
 
 
 class RunStage:
@@ -249,6 +252,15 @@ class RunStage:
             shuffle.keyed_records, runtime.coder_impl(coder_id),
             runtime.coder(coder_id).wrapped_value_coder.key_coder().get_impl())
       keyers[transform_id] = (to_records, shuffle.PartitionPacker(partitions))
+    held = None
+    if wave is not None and wave.side_watermarks is not None:
+      held = []
+      from apache_beam.portability.api import beam_fn_api_pb2
+      descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+          stage.descriptor)
+      ready = streaming.side_input_gate(runtime, stage, descriptor,
+                                        wave.side_watermarks)
+      records = streaming.hold_back(runtime, stage, ready, records, held)
     with capture_logs(ctx.log_level, ctx.log_overrides) as captured:
       try:
         for transform_id, chunk in runner.run(records):
@@ -265,6 +277,8 @@ class RunStage:
         if kept is not None:
           yield streaming.REPORT_TAG, streaming.save_stage_state(
               runtime, stage, wave.node, index, kept)
+        for element in held or ():
+          yield streaming.HELD_TAG, element
       except Exception:
         # PySpark ends this Python worker once the task has failed, with
         # os._exit: its out-of-process harnesses must end their streams now
@@ -314,15 +328,23 @@ class TestStreamElements:
     self.channel_coder_id = channel_coder_id
 
   def __call__(self, events):
+    from apache_beam.testing.test_stream import WindowedValueHolder
     from apache_beam.transforms import window
     runtime = self.ctx.runtime()
     element_impl = runtime.coder_impl(self.element_coder_id)
     channel_impl = runtime.coder_impl(self.channel_coder_id)
-    values = (
-        window.GlobalWindows.windowed_value(
-            element_impl.decode(encoded), timestamp=Timestamp(micros=micros))
-        for micros, encoded in events)
-    return elements.encode_stream(channel_impl, values)
+
+    def windowed(micros, encoded):
+      value = element_impl.decode(encoded)
+      if isinstance(value, WindowedValueHolder):
+        # An element given with its windows (and pane): emitted as it is,
+        # as Beam's DirectRunner does.
+        return value.windowed_value
+      return window.GlobalWindows.windowed_value(
+          value, timestamp=Timestamp(micros=micros))
+
+    return elements.encode_stream(
+        channel_impl, (windowed(*event) for event in events))
 
 
 class KeyElements:

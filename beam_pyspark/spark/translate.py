@@ -254,6 +254,7 @@ class SparkPipelineJob:
         inputs.append(
             sc.union(keyed).partitionBy(self._parallelism, stable_hash)
             .mapPartitions(tasks.pack_tagged, preservesPartitioning=True))
+    inputs.extend(self._extra_inputs(stage))
     input_rdd = self._union(inputs)
 
     side = None
@@ -277,6 +278,10 @@ class SparkPipelineJob:
       out = self._split_rounds(stage, out, run)
     self._register_outputs(stage, out)
     return out
+
+  def _extra_inputs(self, stage: StagePlan) -> list:
+    """RDDs of (input id, chunk) a stage reads besides its buffers."""
+    return []
 
   def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
     """The function a stage's tasks run over their partitions."""

@@ -26,13 +26,14 @@ from beam_pyspark.streaming import MIN_MICROS
 START_PROCESSING_TIME = 0
 
 
-def _micros(millis: int) -> int:
-  """The payload's times are milliseconds; Beam's +-inf survive as such."""
-  if millis >= MAX_MICROS // 1000:
+def _micros(value: int, unit: int = 1000) -> int:
+  """A payload's time in microseconds (``unit``: micros per unit of the
+  payload); Beam's +-inf survive as such."""
+  if value >= MAX_MICROS // 1000:
     return MAX_MICROS
-  if millis <= MIN_MICROS // 1000:
+  if value <= MIN_MICROS // 1000:
     return MIN_MICROS
-  return millis * 1000
+  return value * unit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +53,23 @@ class TestStreamBatch:
 
 
 def teststream_batches(payload: beam_runner_api_pb2.TestStreamPayload,
-                       tags: list[str]) -> list[TestStreamBatch]:
-  """The micro-batches of a TestStream with these output tags."""
+                       tags: list[str],
+                       unit: int = 1000) -> list[TestStreamBatch]:
+  """The micro-batches of a TestStream with these output tags.
+
+  ``unit``: microseconds per unit of the events' times: milliseconds in a
+  TestStream's payload; events read from a TestStreamService are taken as
+  microseconds (1), as Beam's DirectRunner reads them.
+  """
   if payload.endpoint.url:
     raise ValueError(
         f'a TestStream replayed from a TestStreamService '
         f'({payload.endpoint.url}) is not supported; give its events inline')
   watermarks = {tag: MIN_MICROS for tag in tags}
+  # An event without a tag is for the main output ('None' in Python's
+  # TestStream), or the only one.
+  default = tags[0] if len(tags) == 1 else (
+      'None' if 'None' in tags else '')
   now = START_PROCESSING_TIME
   batches: list[TestStreamBatch] = []
   elements: dict[str, list[tuple[int, bytes]]] = {}
@@ -76,17 +87,17 @@ def teststream_batches(payload: beam_runner_api_pb2.TestStreamPayload,
     kind = event.WhichOneof('event')
     if kind == 'element_event':
       added = event.element_event
-      tag = added.tag or (tags[0] if len(tags) == 1 else '')
+      tag = added.tag or default
       elements.setdefault(tag, []).extend(
-          (_micros(e.timestamp), e.encoded_element) for e in added.elements)
+          (_micros(e.timestamp, unit), e.encoded_element) for e in added.elements)
       continue
     if kind == 'watermark_event':
-      tag = event.watermark_event.tag or (tags[0] if len(tags) == 1 else '')
+      tag = event.watermark_event.tag or default
       # A watermark never moves back (Beam's TestStream refuses that too).
       watermarks[tag] = max(watermarks.get(tag, MIN_MICROS),
-                            _micros(event.watermark_event.new_watermark))
+                            _micros(event.watermark_event.new_watermark, unit))
     elif kind == 'processing_time_event':
-      now += event.processing_time_event.advance_duration * 1000
+      now += event.processing_time_event.advance_duration * unit
     close()
   for tag in list(watermarks):
     watermarks[tag] = MAX_MICROS
