@@ -89,6 +89,7 @@ class PySparkRunner(runner.PipelineRunner):
     if not kind or kind == python_urns.EMBEDDED_PYTHON:
       return environments.EmbeddedPythonEnvironment.default()
     if kind == 'LOOPBACK':
+      from apache_beam.runners.worker import sdk_worker_main
       from apache_beam.runners.worker import worker_pool_main
       # Start Spark (it forks its JVM launcher) before the worker pool's
       # gRPC server runs: a fork under running gRPC threads can fail.
@@ -96,7 +97,12 @@ class PySparkRunner(runner.PipelineRunner):
       spark_context(runner_options.master, runner_options.conf)
       address, server = (
           worker_pool_main.BeamFnExternalWorkerPoolServicer.start(
-              state_cache_size=0, use_process=False))
+              # The user-state cache, sized by the job's options as
+              # Beam's PortableRunner sizes it (the runner gives each
+              # task's state its own cache token).
+              state_cache_size=sdk_worker_main._get_state_cache_size_bytes(  # pylint: disable=protected-access
+                  options),
+              use_process=False))
       self._loopback_servers = getattr(self, '_loopback_servers', [])
       self._loopback_servers.append(server)
       return environments.ExternalEnvironment(address)

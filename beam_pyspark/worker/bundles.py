@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import time
 import traceback
+import uuid
 from typing import Callable
 from typing import Generator
 from typing import Iterable
@@ -167,6 +168,10 @@ class StageRunner:
         self._split = (split_input, after)
     self._state = self.state_backend.open(
         self.side_inputs, journaled=self.stage.stateful)
+    # The harness may cache this task's user state across its bundles.
+    self._cache_token = (
+        f'{self.job_id}/{uuid.uuid4().hex}'.encode('utf-8')
+        if self.stage.stateful else None)
     h.state.target = self._state
     succeeded = False
     try:
@@ -281,7 +286,7 @@ class StageRunner:
     if not h.collects_output:
       return h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
-          split=self._split)
+          split=self._split, cache_token=self._cache_token)
     # This harness's bundle has run when process_bundle returns, its output
     # collected: a transport failure can still be retried. The bundle's
     # user state writes are journaled, so that a retry starts from the
@@ -293,7 +298,7 @@ class StageRunner:
     try:
       output = h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
-          split=self._split)
+          split=self._split, cache_token=self._cache_token)
       error = output.response.error
       if error and _transport_failure(error):
         # The harness lost a channel to this task's Fn API servers (its
@@ -314,7 +319,7 @@ class StageRunner:
         iid = h.next_instruction_id()
         output = h.process_bundle(
             self._descriptor, iid, inputs, fired_timers, self._expected,
-            split=self._split)
+            split=self._split, cache_token=self._cache_token)
     finally:
       # A failed bundle fails its task, whose state goes with it.
       if journal:

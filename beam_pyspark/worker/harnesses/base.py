@@ -80,8 +80,14 @@ class Harness(Protocol):
     ...
 
   def process_bundle(self, descriptor, iid: str, data: dict, timers: dict,
-                     expected: list, split=None) -> 'BundleOutput':
-    """Starts (or runs) one bundle with this input and timers."""
+                     expected: list, split=None,
+                     cache_token: Optional[bytes] = None) -> 'BundleOutput':
+    """Starts (or runs) one bundle with this input and timers.
+
+    ``cache_token``: the user-state cache token of the task's state (the
+    harness may cache what it reads and writes under it; a new token per
+    task, since state loaded into a task may differ from what a harness
+    saw before)."""
 
   def do(self, request: beam_fn_api_pb2.InstructionRequest
          ) -> beam_fn_api_pb2.InstructionResponse:
@@ -143,3 +149,12 @@ def send_input(channel, iid: str, data: dict, timers: dict) -> None:
     for chunk in chunks:
       out.write(chunk)
     out.close()
+
+
+def user_state_tokens(token: Optional[bytes]) -> list:
+  """The ProcessBundleRequest cache tokens for a task's user state."""
+  if token is None:
+    return []
+  return [beam_fn_api_pb2.ProcessBundleRequest.CacheToken(
+      user_state=beam_fn_api_pb2.ProcessBundleRequest.CacheToken.UserState(),
+      token=token)]

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from typing import Iterator
+from typing import Optional
 
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
@@ -32,6 +33,7 @@ from apache_beam.runners.worker import statecache
 from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
 from beam_pyspark.worker.harnesses.base import OutputElement
 from beam_pyspark.worker.harnesses.base import send_input
+from beam_pyspark.worker.harnesses.base import user_state_tokens
 # Registers the transform that reads a bounded source's split (planning.reads)
 # with the SDK harness: every in-process harness may be given such a stage.
 from beam_pyspark.worker import reads as _split_reader  # pylint: disable=unused-import
@@ -243,7 +245,8 @@ class EmbeddedHarness:
     return self.descriptor
 
   def process_bundle(self, descriptor, iid: str, data: dict, timers: dict,
-                     expected: list, split=None) -> StreamedBundle:
+                     expected: list, split=None,
+                     cache_token: Optional[bytes] = None) -> StreamedBundle:
     """Starts one bundle in a thread of its own; returns its output stream."""
     if self.abandoned:
       raise RuntimeError('this harness was dropped after an aborted bundle')
@@ -252,7 +255,8 @@ class EmbeddedHarness:
     request = beam_fn_api_pb2.InstructionRequest(
         instruction_id=iid,
         process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
-            process_bundle_descriptor_id=descriptor.id))
+            process_bundle_descriptor_id=descriptor.id,
+            cache_tokens=user_state_tokens(cache_token)))
     thread = threading.Thread(
         target=self._run_bundle, args=(request, out),
         name=BUNDLE_THREAD_PREFIX + iid, daemon=True)

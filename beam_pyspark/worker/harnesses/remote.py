@@ -32,6 +32,7 @@ from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import DATA_OUTPUT_URN
 from beam_pyspark.planning.validate import concrete_environment
 from beam_pyspark.worker.harnesses.base import CollectedBundle
+from beam_pyspark.worker.harnesses.base import user_state_tokens
 from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
 from beam_pyspark.worker.harnesses.base import send_input
 from beam_pyspark.worker.harnesses.servers import Manager
@@ -107,7 +108,7 @@ class RemoteHarness:
 
   def process_bundle(
       self, descriptor, iid: str, data: dict, timers: dict, expected: list,
-      split: Optional[tuple] = None):
+      split: Optional[tuple] = None, cache_token: Optional[bytes] = None):
     """Sends a bundle's input, runs it; returns its collected output.
 
     Output is read while the bundle runs (the data plane's queues are
@@ -129,7 +130,8 @@ class RemoteHarness:
         beam_fn_api_pb2.InstructionRequest(
             instruction_id=iid,
             process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
-                process_bundle_descriptor_id=descriptor.id)))
+                process_bundle_descriptor_id=descriptor.id,
+                cache_tokens=user_state_tokens(cache_token))))
     if monitor is not None:
       monitor.start()
     dead = []
