@@ -20,6 +20,7 @@ from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.engine import STREAMING
 from beam_pyspark.engine import check_engine
 from beam_pyspark.engine import create_engine
 from beam_pyspark.errors import BeamPySparkError
@@ -140,10 +141,9 @@ class PipelineExecution:
   def _run(self) -> None:
     engine = None
     try:
-      plan = plan_pipeline(self.pipeline, drain=self.options.drain)
-      kind, warning = check_engine(self.pipeline, self.options)
-      if warning:
-        self.message(warning, Importance.JOB_MESSAGE_WARNING)
+      kind = check_engine(self.pipeline, self.options)
+      plan = plan_pipeline(self.pipeline, drain=self.options.drain,
+                           streaming=kind == STREAMING)
       engine = create_engine(kind, plan, self.job_id, self.options,
                              self.message)
       with self._lock:

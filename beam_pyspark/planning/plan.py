@@ -186,17 +186,20 @@ def _reshuffle_main_input(reshuffle, producers_by_pcoll) -> str:
   return sized[0]
 
 
-def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False):
+def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False,
+         streaming: bool = False):
   """Runs Beam's fusion phases; returns (TransformContext, [Stage]).
 
   ``drain`` expands splittable DoFns with their truncate step, as Beam does
-  for a draining job.
+  for a draining job; ``streaming`` leaves combiners unpacked, as Beam's
+  PortableRunner does for a streaming job (its conformance suite checks).
   """
   pipeline_proto = copy.deepcopy(pipeline_proto)
   _expand_recoding_reshuffles(pipeline_proto)
   return tr.create_and_optimize_stages(
       pipeline_proto,
-      phases=list(PHASES),
+      phases=[p for p in PHASES
+              if not (streaming and p is tr.pack_combiners)],
       known_runner_urns=KNOWN_RUNNER_URNS,
       is_drain=drain)
 
@@ -241,8 +244,8 @@ def _expand_recoding_reshuffles(pipeline: beam_runner_api_pb2.Pipeline) -> None:
 
 def plan_pipeline(
     pipeline_proto: beam_runner_api_pb2.Pipeline,
-    drain: bool = False) -> ExecutionPlan:
-  context, stages = fuse(pipeline_proto, drain)
+    drain: bool = False, streaming: bool = False) -> ExecutionPlan:
+  context, stages = fuse(pipeline_proto, drain, streaming)
   components = context.components
   safe = context.safe_coders
   channel = context.data_channel_coders
