@@ -1,7 +1,6 @@
 """The job server through Beam's own PortableRunner client and raw gRPC."""
 
 import glob
-import os
 import re
 import subprocess
 import sys

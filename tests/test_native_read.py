@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import gzip
-import logging
-import os
 import re
 
 import pytest
@@ -13,7 +11,6 @@ import pytest
 import apache_beam as beam
 from apache_beam.io import iobase
 from apache_beam.io.range_trackers import OffsetRangeTracker
-from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import environments
 
