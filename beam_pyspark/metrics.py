@@ -66,7 +66,15 @@ def merge_monitoring_infos(
 
 
 class TaskMetrics:
-  """Reports of every task of a job, as (stage, partition, infos)."""
+  """Reports of every task of a job, as (stage, partition, infos).
+
+  ``compacted()`` folds them into two reports (a streaming job keeps its
+  metrics so, between micro-batches and in its checkpoints): one counted
+  as committed only, one as attempted only.
+  """
+  COMMITTED_ONLY = '@committed'
+  ATTEMPTED_ONLY = '@attempted'
+
   def __init__(self):
     self._reports: list[tuple[str, int, list[bytes]]] = []
 
@@ -76,15 +84,23 @@ class TaskMetrics:
   def attempted(self) -> list[metrics_pb2.MonitoringInfo]:
     return merge_monitoring_infos(
         metrics_pb2.MonitoringInfo.FromString(b)
-        for _, _, infos in self._reports for b in infos)
+        for stage, _, infos in self._reports
+        if stage != self.COMMITTED_ONLY for b in infos)
 
   def committed(self) -> list[metrics_pb2.MonitoringInfo]:
     last = {}
     for stage, partition, infos in self._reports:
-      last[(stage, partition)] = infos
+      if stage != self.ATTEMPTED_ONLY:
+        last[(stage, partition)] = infos
     return merge_monitoring_infos(
         metrics_pb2.MonitoringInfo.FromString(b)
         for infos in last.values() for b in infos)
+
+  def compacted(self) -> list[tuple[str, int, list[bytes]]]:
+    def serialized(infos):
+      return [m.SerializeToString() for m in infos]
+    return [(self.COMMITTED_ONLY, 0, serialized(self.committed())),
+            (self.ATTEMPTED_ONLY, 0, serialized(self.attempted()))]
 
 
 class PipelineMetrics(FnApiMetrics):

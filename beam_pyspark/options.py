@@ -78,6 +78,16 @@ class PySparkRunnerOptions(PipelineOptions):
         'graph, messages) on localhost at this port; 0 picks a free one, '
         'whose URL is logged (default: none). A job server has its own, '
         '--status-port.')
+    parser.add_argument(
+        '--checkpoint_location',
+        default=None,
+        help='Streaming: the directory where the job commits its state after '
+        'every micro-batch, and from which a job started again with the same '
+        'pipeline and this location resumes after a crash (as Spark '
+        'Structured Streaming\'s checkpointLocation). A local path on local '
+        'Spark; the driver\'s own disk or shared storage on a cluster. '
+        'Default: a directory of the job\'s own under the temporary '
+        'directory, removed when the job ends (so no resume).')
 
 
 # Beam's own option that this runner reads, next to ours.
@@ -164,6 +174,8 @@ class RunnerOptions:
   bundle_bytes: int = DEFAULT_BUNDLE_BYTES
   # PySparkRunner's own status page (None: none); job servers ignore it.
   status_port: Optional[int] = None
+  # Streaming: where micro-batches commit (None: a per-job temporary one).
+  checkpoint_location: Optional[str] = None
   # The job's pipeline options as the Job API carries them, handed as they
   # are to SDK harnesses that run in their own processes.
   job_options: Optional[dict] = None
@@ -195,6 +207,7 @@ class RunnerOptions:
         split_stragglers_after_secs=(
             DEFAULT_SPLIT_AFTER_SECS if split in (None, '') else float(split)),
         group_memory_mb=_optional_int(opt('group_memory_mb')),
+        checkpoint_location=opt('checkpoint_location') or None,
         job_options=dict(options))
 
   @classmethod
@@ -220,6 +233,7 @@ class RunnerOptions:
             DEFAULT_SPLIT_AFTER_SECS if split is None else float(split)),
         group_memory_mb=ours.group_memory_mb,
         status_port=ours.status_port,
+        checkpoint_location=ours.checkpoint_location or None,
         job_options={
             f'beam:option:{name}:v1': value
             for name, value in options.get_all_options(

@@ -19,7 +19,6 @@ from apache_beam.testing.util import equal_to
 from apache_beam.transforms.core import RestrictionProvider
 
 from beam_pyspark.errors import InvalidOptionsError
-from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.options import misspelled_options
 from beam_pyspark.options import runner_options
 from conftest import spark_options
@@ -51,7 +50,8 @@ def test_every_runner_option_is_described():
   names = {o.name for o in runner_options()}
   assert names == {
       'spark_master_url', 'spark_conf', 'spark_parallelism', 'drain',
-      'split_stragglers_after_secs', 'group_memory_mb', 'status_port'}
+      'split_stragglers_after_secs', 'group_memory_mb', 'status_port',
+      'checkpoint_location'}
   assert all(o.description for o in runner_options())
 
 

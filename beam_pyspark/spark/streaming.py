@@ -23,11 +23,23 @@ life (crc32 of the encoded key, as in batch).
 Cancel stops between Spark actions. After the last batch the sources are
 exhausted: their watermarks go to +inf, processing time too, and waves
 run until nothing is due.
+
+After each batch settles the driver commits it to the job's checkpoint
+location (``streaming.checkpoints``, ``spark.checkpoints``): the state
+blobs and side-input contents that batch changed, and a manifest of the
+rest. A driver started again with the same pipeline and location resumes
+after the last committed batch; the batch it died in runs again from the
+committed state, so its effects on state count once. A job that ends
+DONE removes its checkpoint.
 """
 
 from __future__ import annotations
 
 import collections
+import os
+import pickle
+import re
+import tempfile
 from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -36,12 +48,16 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark import tasks
+from beam_pyspark.spark.checkpoints import CheckpointDir
 from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark.translate import SparkPipelineJob
 from beam_pyspark.streaming import MAX_MICROS
+from beam_pyspark.streaming.checkpoints import ManifestBook
+from beam_pyspark.streaming.checkpoints import fingerprint
 from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.streaming.teststream import teststream_batches
 from beam_pyspark.streaming.watermarks import WatermarkGraph
@@ -54,6 +70,14 @@ from beam_pyspark.worker.streaming import Clocks
 MAX_WAVES = 10000
 # How long reading a TestStream's events from its service may take.
 SERVICE_TIMEOUT_SECS = 300
+# A side input's contents are committed batch by batch; past this many
+# files they are rewritten as one (compaction).
+MAX_SIDE_SEGMENTS = 16
+
+
+def default_checkpoint_location(job_id: str) -> str:
+  return os.path.join(tempfile.gettempdir(), 'beam-pyspark-checkpoints',
+                      re.sub(r'[^A-Za-z0-9._-]', '_', job_id))
 
 
 def create_streaming_engine(plan, job_id, options, log):
@@ -128,6 +152,13 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._now = self._arrival = 0
     self._waves = 0
     self._batch: Optional[TestStreamBatch] = None
+    # The checkpoint: its directory, its manifests, the keyed partitions
+    # whose state changed since the last commit, how much of each side
+    # input is committed.
+    self._checkpoint: Optional[CheckpointDir] = None
+    self._book: Optional[ManifestBook] = None
+    self._dirty: set[tuple[str, int]] = set()
+    self._side_committed: dict[bytes, int] = {}
     self._build_graph()
 
   def describe(self) -> str:
@@ -220,7 +251,27 @@ class StreamingPipelineJob(SparkPipelineJob):
   # -- the job --------------------------------------------------------------------
 
   def _execute(self) -> None:
-    for batch in self._source_batches():
+    location = self.options.checkpoint_location
+    self._checkpoint = CheckpointDir(
+        location or default_checkpoint_location(self.job_id))
+    try:
+      self._run_batches()
+    except BaseException:
+      if location is None:  # nobody could resume it
+        self._checkpoint.delete()
+      else:
+        self.log(f'The job\'s state as of its last committed micro-batch is '
+                 f'kept in {location}: run the same pipeline with this '
+                 '--checkpoint_location to resume from it.')
+      raise
+    self._checkpoint.delete()
+
+  def _run_batches(self) -> None:
+    committed = self._resume()
+    batches = self._source_batches()
+    for index, batch in enumerate(batches):
+      if index <= committed:
+        continue
       self._check_cancelled()
       self._batch = batch
       self._arrival = self._now = max(self._now, batch.arrival_time)
@@ -235,6 +286,7 @@ class StreamingPipelineJob(SparkPipelineJob):
           self._graph.set_source(self._tag_nodes[tag], watermark)
       self._now = max(self._now, batch.processing_time)
       self._settle()
+      self._commit(index)
     # The sources are exhausted: whatever processing-time timers wait for
     # fires now, as at the end of a batch job.
     self._now = MAX_MICROS
@@ -322,6 +374,84 @@ class StreamingPipelineJob(SparkPipelineJob):
           _group_node(buffer_id))
     return bool(self._producer_rdds.get(buffer_id))
 
+  # -- the checkpoint -------------------------------------------------------------
+
+  def _resume(self) -> int:
+    """The job's state as of its last committed batch (raises
+    CheckpointMismatch for another pipeline's); that batch's index, or -1
+    for a job starting afresh. Files of a batch that never committed are
+    removed."""
+    from apache_beam.portability.api import beam_runner_api_pb2 as api
+    checkpoint = self._checkpoint
+    self._book = book = ManifestBook(
+        fingerprint(api.Components.FromString(self.plan.components)),
+        checkpoint.manifests())
+    checkpoint.sweep(book.live())
+    latest = book.latest
+    if latest is None:
+      return -1
+    driver = latest.driver
+    self._graph.restore(driver['graph'])
+    for table, saved in ((self._next_event, driver['next_event']),
+                         (self._next_processing, driver['next_processing'])):
+      for node, by_partition in saved.items():
+        table[node].update(by_partition)
+    self._held = dict(driver['held'])
+    self._held_at = dict(driver['held_at'])
+    self._first_wave = driver['first_wave']
+    self._now, self._arrival = driver['now'], driver['arrival']
+    self._ctx.metrics.add(driver['metrics'])
+    for key in book.keys('state'):
+      _, node, partition = key
+      self._states[node][partition] = checkpoint.read_file(book.file_of(key))
+    for key in book.keys('side'):
+      self._side_history.setdefault(key[1], []).extend(
+          pickle.loads(checkpoint.read_file(book.file_of(key))))
+    self._side_committed = {
+        b: len(history) for b, history in self._side_history.items()}
+    self.log(f'Resuming after micro-batch {latest.batch}, the last one '
+             f'committed to {checkpoint.path}.')
+    return latest.batch
+
+  def _commit(self, batch: int) -> None:
+    """Commits ``batch``: the files of what it changed, then its manifest."""
+    checkpoint, book = self._checkpoint, self._book
+    for node, partition in sorted(self._dirty):
+      blob = self._states[node].get(partition)
+      book.changed(('state', node, partition),
+                   None if blob is None else checkpoint.write_file(batch, blob))
+    self._dirty.clear()
+    for buffer_id, history in sorted(self._side_history.items()):
+      done = self._side_committed.get(buffer_id, 0)
+      if len(history) == done:
+        continue
+      segments = book.keys('side', buffer_id)
+      if len(segments) >= MAX_SIDE_SEGMENTS:
+        for key in segments:
+          book.changed(key, None)
+        done = 0
+      book.changed(('side', buffer_id, batch), checkpoint.write_file(
+          batch, pickle.dumps(history[done:], pickle.HIGHEST_PROTOCOL)))
+      self._side_committed[buffer_id] = len(history)
+    # The metrics so far, folded (the accumulator does not grow for ever).
+    merged = TaskMetrics()
+    merged.add(list(self._ctx.metrics.value))
+    metrics = merged.compacted()
+    self._ctx.metrics.value = list(metrics)
+    checkpoint.commit(book.commit(batch, {
+        'graph': self._graph.snapshot(),
+        'next_event': {n: dict(t) for n, t in self._next_event.items() if t},
+        'next_processing': {
+            n: dict(t) for n, t in self._next_processing.items() if t},
+        'held': dict(self._held),
+        'held_at': dict(self._held_at),
+        'first_wave': self._first_wave,
+        'now': self._now,
+        'arrival': self._arrival,
+        'metrics': metrics,
+    }))
+    checkpoint.remove(*book.garbage())
+
   # -- stages -------------------------------------------------------------------
 
   def _translate(self, stage: StagePlan):
@@ -355,7 +485,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     if stage.side_inputs and not stage.stateful:
       side_watermarks = self._side_watermarks(stage)
       self._held_at[node] = tuple(sorted(side_watermarks.items()))
-    wave = tasks.StreamWave(node, self._clocks(node), states, side_watermarks)
+    wave = tasks.StreamWave(node, self._clocks(node), states, side_watermarks,
+                            serial=self._waves)
     return tasks.RunStage(self._ctx, stage, side, group_outputs, wave)
 
   def _extra_inputs(self, stage: StagePlan) -> list:
@@ -403,7 +534,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     else:
       records = self.sc.parallelize([], self._parallelism)
     wave = tasks.StreamWave(node, self._clocks(node),
-                            self._broadcast_states(node))
+                            self._broadcast_states(node), serial=self._waves)
     out = records.mapPartitionsWithIndex(
         tasks.StreamGroup(self._ctx, self.plan.groups[buffer_id], wave))
     return self._keyed_output(node, out)
@@ -423,6 +554,8 @@ class StreamingPipelineJob(SparkPipelineJob):
         (ts for _, _, ts in held), default=None))
     for report in reports:
       p = report.partition
+      if report.state != self._states[node].get(p):
+        self._dirty.add((node, p))  # to be committed
       if report.state is None:
         self._states[node].pop(p, None)
       else:

@@ -186,6 +186,9 @@ class StreamWave:
   # Stages with side inputs: (transform id, tag) -> the side input's
   # watermark; main input not ready by it is held back (HELD_TAG records).
   side_watermarks: Optional[dict] = None
+  # The wave's number in the job (its tasks' metric reports are told apart
+  # from the same partition's in other waves by it).
+  serial: int = 0
 
 
 class RunStage:
@@ -215,12 +218,16 @@ class RunStage:
     # Pages left by an earlier task of this Python worker are stale now.
     paging.release(attempt, others=True)
 
+    wave = self.wave
+    # Committed metrics keep each task's last attempt: in streaming, a
+    # partition's task in each wave is another task.
+    name = stage.name if wave is None else f'{stage.name}@{wave.serial}'
+
     def report(result):
       ctx.metrics.add([(
-          stage.name, index,
+          name, index,
           [m.SerializeToString() for m in result.monitoring_infos])])
 
-    wave = self.wave
     kept = None
     streamed = {}
     if wave is not None:

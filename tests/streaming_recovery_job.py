@@ -1,0 +1,151 @@
+"""A streaming job for the driver-kill tests (test_streaming_recovery.py).
+
+    python streaming_recovery_job.py OUT_DIR CHECKPOINT_DIR [--kill-mid-batch]
+
+A TestStream of several micro-batches into two branches, each with state
+the engine must carry across batches and restore from a checkpoint:
+windowed sums under early, on-time and late firings (accumulating), and a
+stateful DoFn with bag and combining state and an event-time timer. Each
+output element is written to OUT_DIR/out as a file named by its content,
+through a temporary name and a rename: an idempotent sink, so a batch run
+again after a crash rewrites the same files, and any output that differs
+(a pane counted twice, state lost) shows as a file of its own.
+
+--kill-mid-batch: the task that meets element KILL_AT (in micro-batch 3)
+SIGKILLs this driver, once (a marker file in OUT_DIR says it happened).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import sys
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms import trigger
+from apache_beam.transforms import userstate
+from apache_beam.transforms import window
+from apache_beam.coders import VarIntCoder
+
+KILL_AT = 301  # micro-batch 4 (the first holds only a watermark)
+BATCHES = 6
+
+
+def test_stream():
+  stream = TestStream().advance_watermark_to(0)
+  for b in range(BATCHES):
+    stream = stream.add_elements([
+        window.TimestampedValue((f'k{i % 3}', 100 * b + i), 10 * b + i)
+        for i in range(5)])
+    if b >= 2:  # late for the window the watermark passed, within lateness
+      stream = stream.add_elements(
+          [window.TimestampedValue(('k0', 1000 + b), 10 * b - 15)])
+    stream = stream.advance_processing_time(5).advance_watermark_to(
+        10 * (b + 1))
+  return stream.advance_watermark_to_infinity()
+
+
+class _KillDriver(beam.DoFn):
+  def __init__(self, out_dir):
+    self.out_dir = out_dir
+
+  def process(self, element):
+    marker = os.path.join(self.out_dir, 'killed')
+    if element[1] == KILL_AT and not os.path.exists(marker):
+      with open(marker, 'w', encoding='utf-8') as f:
+        f.write('mid-batch')
+      with open(os.path.join(self.out_dir, 'driver.pid'),
+                encoding='utf-8') as f:
+        os.kill(int(f.read()), signal.SIGKILL)
+      time.sleep(60)  # the driver's end ends this task
+    yield element
+
+
+class _SumAtWindowEnd(beam.DoFn):
+  SEEN = userstate.BagStateSpec('seen', VarIntCoder())
+  TOTAL = userstate.CombiningValueStateSpec(
+      'total', VarIntCoder(), beam.combiners.CountCombineFn())
+  END = userstate.TimerSpec('end', userstate.TimeDomain.WATERMARK)
+
+  def process(self, element, w=beam.DoFn.WindowParam,
+              seen=beam.DoFn.StateParam(SEEN),
+              total=beam.DoFn.StateParam(TOTAL),
+              end=beam.DoFn.TimerParam(END)):
+    seen.add(element[1])
+    total.add(element[1])
+    end.set(w.end)
+
+  @userstate.on_timer(END)
+  def fire(self, key=beam.DoFn.KeyParam,
+           seen=beam.DoFn.StateParam(SEEN),
+           total=beam.DoFn.StateParam(TOTAL)):
+    yield ('state', key, sorted(seen.read()), total.read())
+    seen.clear()
+    total.clear()
+
+
+def _describe(element, ts=beam.DoFn.TimestampParam,
+              w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+  where = ((w.start.micros, w.end.micros)
+           if isinstance(w, window.IntervalWindow) else 'global')
+  return repr((element, ts.micros // 1000, where, pane.timing, pane.index))
+
+
+class _WriteOnce(beam.DoFn):
+  """Each element to OUT/<sha1 of it>, through a temporary name."""
+  def __init__(self, out_dir):
+    self.out_dir = out_dir
+
+  def process(self, text):
+    directory = os.path.join(self.out_dir, 'out')
+    os.makedirs(directory, exist_ok=True)
+    name = hashlib.sha1(text.encode('utf-8')).hexdigest()
+    tmp = os.path.join(directory, f'.{name}.{os.getpid()}.tmp')
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    os.replace(tmp, os.path.join(directory, name))
+
+
+def build(p, out_dir, kill=False):
+  events = p | test_stream()
+  if kill:
+    events = events | 'Kill' >> beam.ParDo(_KillDriver(out_dir))
+  windowed = events | beam.WindowInto(
+      window.FixedWindows(20),
+      trigger=trigger.AfterWatermark(
+          early=trigger.AfterCount(2), late=trigger.AfterCount(1)),
+      accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+      allowed_lateness=30)
+  sums = windowed | beam.CombinePerKey(sum)
+  state = windowed | beam.ParDo(_SumAtWindowEnd())
+  return ((sums, state) | beam.Flatten() | beam.Map(_describe)
+          | beam.ParDo(_WriteOnce(out_dir)))
+
+
+def read_output(out_dir):
+  directory = os.path.join(out_dir, 'out')
+  return sorted(
+      open(os.path.join(directory, name), encoding='utf-8').read()
+      for name in os.listdir(directory) if not name.startswith('.'))
+
+
+def main(argv):
+  out_dir, checkpoint = argv[1], argv[2]
+  kill = '--kill-mid-batch' in argv
+  logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+  with open(os.path.join(out_dir, 'driver.pid'), 'w', encoding='utf-8') as f:
+    f.write(str(os.getpid()))
+  options = PipelineOptions([
+      '--streaming', '--allow_unsafe_triggers',
+      f'--checkpoint_location={checkpoint}', '--spark_master_url=local[2]'])
+  with beam.Pipeline('beam_pyspark.PySparkRunner', options=options) as p:
+    build(p, out_dir, kill)
+
+
+if __name__ == '__main__':
+  main(sys.argv)
