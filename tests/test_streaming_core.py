@@ -423,6 +423,27 @@ def test_grouper_state_survives_a_snapshot_round_trip():
   assert second.advance(Timestamp(11)) == [] and len(second) == 0
 
 
+def test_the_grouper_knows_which_keys_a_wave_touched():
+  windowing = Windowing(window.FixedWindows(10), trigger.AfterWatermark(),
+                        trigger.AccumulationMode.DISCARDING)
+  wv = lambda v, t: WindowedValue(v, t, [window.IntervalWindow(0, 10)])
+  later = lambda v, t: WindowedValue(v, t, [window.IntervalWindow(10, 20)])
+  first = KeyedGrouper(windowing)
+  first.process('a', [wv(1, 1)], MIN_TIMESTAMP_, MIN_TIMESTAMP_)
+  first.process('b', [later(2, 12)], MIN_TIMESTAMP_, MIN_TIMESTAMP_)
+  assert first.touched == {'a', 'b'}
+  second = KeyedGrouper(windowing)
+  second.adopt(first.states())
+  assert second.touched == set()
+  # The watermark closes a's window only: b's state is not touched.
+  (pane,) = second.advance(Timestamp(10))
+  assert pane.value == ('a', [1]) and second.touched == {'a'}
+  third = KeyedGrouper(windowing)
+  third.adopt(second.states())
+  third.advance(Timestamp(11))  # a's tombstone goes: a change too
+  assert third.touched == {'a'} and set(third.keys()) == {'b'}
+
+
 # -- TestStream as micro-batches ------------------------------------------------
 
 from apache_beam.runners import pipeline_context  # noqa: E402
@@ -472,3 +493,46 @@ def test_teststream_watermarks_are_per_tag():
       (5_000_000, MIN_MICROS), (5_000_000, 7_000_000),
       (MAX_MICROS, MAX_MICROS)]
   assert list(batches[1].elements) == ['right']
+
+
+# -- keyed state chains -----------------------------------------------------------
+
+
+def test_a_wave_writes_only_the_entries_it_changed():
+  from beam_pyspark.streaming import statestore
+  old = {b'a': b'1', b'b': b'2', b'c': b'3', b'd': b'4'}
+  new = dict(old)
+  new[b'b'] = b'22'
+  del new[b'c']
+  record = statestore.next_record(('s0',), old, new)
+  assert record.kind == statestore.DELTA
+  assert record.upserts == {b'b': b'22'} and record.deletes == (b'c',)
+  assert statestore.next_record(('s0',), old, dict(old)) is None
+  # A new chain, or a delta as large as the state, is a snapshot.
+  assert statestore.next_record(None, {}, new).kind == statestore.SNAPSHOT
+  assert statestore.next_record(
+      ('s0',), old, {b'x': b'1'}).kind == statestore.SNAPSHOT
+
+
+def test_chains_replay_to_the_state_and_stay_short():
+  import random
+  from beam_pyspark.streaming import statestore
+  rng = random.Random(7)
+  files, chain, entries = {}, None, {}
+  for wave in range(200):
+    new = dict(entries)
+    for _ in range(rng.randint(0, 3)):
+      key = rng.randrange(40)
+      if rng.random() < 0.3:
+        new.pop(key, None)
+      else:
+        new[key] = rng.randrange(1000)
+    record = statestore.next_record(chain, entries, new)
+    if record is not None:
+      name = f'w{wave}'
+      files[name] = record
+      chain = statestore.extend(chain, record, name)
+    entries = new
+    assert statestore.replay(files[n] for n in chain) == entries
+    assert len(chain) <= statestore.MAX_DELTAS + 2
+    assert files[chain[0]].kind == statestore.SNAPSHOT

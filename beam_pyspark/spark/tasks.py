@@ -34,6 +34,7 @@ from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.shuffle.grouping import group_values
 from beam_pyspark.worker.setup.logs import capture_logs
 from beam_pyspark.worker.runtime import job_runtime
+from beam_pyspark.worker import statestore
 from beam_pyspark.worker import streaming
 from beam_pyspark.worker.state import StoredState
 
@@ -173,22 +174,29 @@ class ReleaseJob:
 
   def __call__(self, _):
     harnesses.release_job(self.job_id)
+    statestore.release(self.job_id)
 
 
 @dataclasses.dataclass(frozen=True)
 class StreamWave:
   """What a stage's task needs in a streaming wave (spark.streaming): the
-  node it is, the wave's clocks, and (stateful stages) the broadcast
-  {partition: state blob} of its state before the wave."""
+  node it is, the wave's clocks, and (keyed nodes) where their state lives
+  and each partition's state chain before the wave (worker.statestore)."""
   node: str
   clocks: streaming.Clocks
-  states: object = None  # Broadcast[dict[int, bytes]] or None
+  states: Optional[dict] = None  # partition -> chain of file names
+  store_root: Optional[str] = None  # the job's checkpoint location
   # Stages with side inputs: (transform id, tag) -> the side input's
   # watermark; main input not ready by it is held back (HELD_TAG records).
   side_watermarks: Optional[dict] = None
   # The wave's number in the job (its tasks' metric reports are told apart
   # from the same partition's in other waves by it).
   serial: int = 0
+
+  def store(self, job_id: str, partition: int) -> statestore.PartitionStore:
+    return statestore.PartitionStore(
+        self.store_root, job_id, self.node, partition,
+        (self.states or {}).get(partition))
 
 
 class RunStage:
@@ -235,8 +243,8 @@ class RunStage:
       streamed['clocks'] = (Timestamp(micros=clocks.input_watermark),
                             Timestamp(micros=clocks.processing_time))
       if stage.stateful:
-        blob = wave.states.value.get(index) if wave.states is not None else None
-        kept = streaming.load_stage_state(runtime, stage, blob)
+        store = wave.store(ctx.job_id, index)
+        kept = streaming.load_stage_state(runtime, stage, store)
         streamed['state_backend'] = StoredState(kept.store)
         streamed['timers'] = kept.timers
     runner = StageRunner(
@@ -283,7 +291,7 @@ class RunStage:
             yield transform_id, packed
         if kept is not None:
           yield streaming.REPORT_TAG, streaming.save_stage_state(
-              runtime, stage, wave.node, index, kept)
+              runtime, stage, wave.node, index, kept, store)
         for element in held or ():
           yield streaming.HELD_TAG, element
       except Exception:
@@ -311,11 +319,11 @@ class StreamGroup:
 
   def __call__(self, index, chunks):
     wave = self.wave
-    blob = wave.states.value.get(index) if wave.states is not None else None
+    store = wave.store(self.ctx.job_id, index)
     with capture_logs(self.ctx.log_level, self.ctx.log_overrides) as captured:
       try:
         yield from streaming.group_stream(
-            self.ctx.runtime(), self.spec, wave.node, index, chunks, blob,
+            self.ctx.runtime(), self.spec, wave.node, index, chunks, store,
             wave.clocks)
       finally:
         if self.ctx.logs is not None:

@@ -52,7 +52,7 @@ def fingerprint(components: beam_runner_api_pb2.Components) -> str:
 class Manifest:
   batch: int  # the last micro-batch committed
   fingerprint: str
-  files: dict  # entry key (a tuple) -> file name
+  files: dict  # entry key (a tuple) -> file name, or a chain (tuple) of them
   driver: dict  # plain data: watermarks, timers due, held input, time
 
 
@@ -88,7 +88,7 @@ class ManifestBook:
 
   def live(self) -> set[str]:
     """Every file a kept manifest names."""
-    return {name for m in self._history for name in m.files.values()}
+    return {name for m in self._history for name in _names(m.files)}
 
   def changed(self, key, file_name: Optional[str]) -> None:
     """``key``'s content is now in ``file_name`` (None: it has none)."""
@@ -112,6 +112,16 @@ class ManifestBook:
     old, kept = (self._history[:-KEEP_MANIFESTS],
                  self._history[-KEEP_MANIFESTS:])
     self._history = kept
-    live = {name for m in kept for name in m.files.values()}
-    dead = {name for m in old for name in m.files.values()} - live
+    live = {name for m in kept for name in _names(m.files)}
+    dead = {name for m in old for name in _names(m.files)} - live
     return [m.batch for m in old], sorted(dead)
+
+
+def _names(files: dict) -> Iterable[str]:
+  """The file names of a manifest's entries: one name, or a chain of them
+  (a keyed partition's state, ``streaming.statestore``)."""
+  for value in files.values():
+    if isinstance(value, tuple):
+      yield from value
+    else:
+      yield value

@@ -81,6 +81,8 @@ class KeyedGrouper:
     # for non-merging window functions too.
     self._merging = getattr(self._driver, 'is_merging',
                             windowing.windowfn.is_merging())
+    # Keys whose state changed (or went) since the grouper was made.
+    self.touched: set = set()
 
   def __len__(self) -> int:
     return len(self._states)
@@ -95,6 +97,7 @@ class KeyedGrouper:
     WindowedValues of (key, [values])."""
     if processing_time is not None:
       self._clock.now = processing_time
+    self.touched.add(key)
     state = self._states.get(key)
     if state is None:
       state = self._states[key] = beam_trigger.InMemoryUnmergedState()
@@ -121,6 +124,7 @@ class KeyedGrouper:
             processing_time=self._clock.now)
         if not due:
           break
+        self.touched.add(key)
         due.sort(key=lambda fired: fired[1][2])
         for window, (name, time_domain, timestamp, _tag) in due:
           for wv in self._driver.process_timer(
@@ -160,7 +164,8 @@ class KeyedGrouper:
     if _empty(state) or (not any(state.timers.values()) and all(
         window.end + self._lateness < input_watermark
         for window in self._windows(state))):
-      self._states.pop(key, None)
+      if self._states.pop(key, None) is not None:
+        self.touched.add(key)
 
   def _windows(self, state) -> list:
     if self._merging:
@@ -179,6 +184,15 @@ class KeyedGrouper:
   def restore(self, snapshot: dict) -> None:
     for key, plain in snapshot.items():
       self._states[key] = _state_from(plain)
+
+  def adopt(self, states: dict) -> None:
+    """Takes ``states`` (a ``states()`` of another grouper, not used by it
+    any more) as its own."""
+    self._states = states
+
+  def states(self) -> dict:
+    """The live state objects by key (for ``adopt``)."""
+    return self._states
 
   def drop(self, keys: Iterable) -> None:
     for key in keys:

@@ -2,8 +2,9 @@
 
 A streaming job runs the plan in *waves* (``spark.streaming``): each wave
 hands every stage what its producers wrote in that wave, at the clocks
-the driver computed before it. Keyed work keeps state between waves, one
-opaque blob per (node, partition), which the driver holds and hands back:
+the driver computed before it. Keyed work keeps state between waves, per (node,
+partition), as a chain of files under the job's checkpoint location
+(``worker.statestore``) whose names the driver holds and hands back:
 
 - a GroupByKey's reduce side runs Beam's trigger driver per key
   (``streaming.grouping.KeyedGrouper``) over the partition's records;
@@ -11,7 +12,7 @@ opaque blob per (node, partition), which the driver holds and hands back:
   timers (``streaming.timers.TimerTable``) are loaded, the stage runs with
   only the timers due at the wave's clocks firing, and both are saved.
 
-Each task reports a ``PartitionReport``: its new blob, the earliest output
+Each task reports a ``PartitionReport``: its new chain, the earliest output
 hold it keeps (elements a trigger has not emitted, a timer's output
 timestamp), and when its next timers are due, which is how the driver
 knows which stages a later wave must run.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import pickle
 from typing import Iterable
 from typing import Iterator
 from typing import Optional
@@ -40,6 +40,7 @@ from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.shuffle import unpack_records
+from beam_pyspark.worker.statestore import PartitionStore
 
 # Records of a streaming task that carry its PartitionReport, next to its
 # data records: (REPORT_TAG, PartitionReport).
@@ -61,7 +62,7 @@ class Clocks:
 class PartitionReport:
   node: str
   partition: int
-  state: Optional[bytes]  # the partition's new state (None: none left)
+  state: Optional[tuple]  # the partition's new chain (None: no state)
   hold: Optional[int]  # earliest output hold (micros), None for none
   next_event: Optional[int]  # watermark at which a timer is next due
   next_processing: Optional[int]  # processing time a timer is next due
@@ -82,18 +83,24 @@ def _finite(ts: Optional[Timestamp]) -> Optional[int]:
 
 def group_stream(runtime: JobRuntime, spec: GroupSpec, node: str,
                  partition: int, chunks: Iterable[bytes],
-                 blob: Optional[bytes], clocks: Clocks) -> Iterator:
+                 store: PartitionStore, clocks: Clocks) -> Iterator:
   """The reduce side of a streaming GroupByKey over one partition's
   shuffled records: yields encoded output chunks, then
-  (REPORT_TAG, PartitionReport)."""
+  (REPORT_TAG, PartitionReport). The state's entries: per key, its
+  (key, trigger state) pickled; a wave rewrites the keys it touched."""
   in_impl = runtime.coder_impl(spec.input_coder_id)
   out_impl = runtime.coder_impl(spec.output_coder_id)
   grouper = KeyedGrouper(runtime.windowing(spec.windowing_strategy_id))
-  keys: dict[bytes, object] = {}
-  if blob is not None:
-    saved = pickler.loads(blob)
-    grouper.restore(saved['states'])
-    keys.update(saved['keys'])
+  entries, decoded = store.load()
+  if decoded is None:
+    keys: dict[bytes, object] = {}
+    plain = {}
+    for key_bytes, entry in entries.items():
+      keys[key_bytes], plain[key_bytes] = pickler.loads(entry)
+    grouper.restore(plain)
+  else:
+    states, keys = decoded
+    grouper.adopt(states)
   by_key: dict[bytes, list] = collections.defaultdict(list)
   for key_bytes, encoded in unpack_records(chunks):
     wv = next(decode_all(in_impl, [encoded]))
@@ -110,14 +117,19 @@ def group_stream(runtime: JobRuntime, spec: GroupSpec, node: str,
   yield from encode_stream(
       out_impl, (pane.with_value((keys[pane.value[0]], pane.value[1]))
                  for pane in panes))
-  live = set(grouper.keys())
-  state = None
-  if live:
-    state = pickler.dumps({
-        'states': grouper.snapshot(),
-        'keys': {k: v for k, v in keys.items() if k in live}})
+  live = grouper.keys()
+  touched = grouper.touched
+  snapshot = grouper.snapshot(k for k in touched if k in live)
+  for key_bytes in touched:
+    if key_bytes in live:
+      entries[key_bytes] = pickler.dumps(
+          (keys[key_bytes], snapshot[key_bytes]))
+    else:
+      entries.pop(key_bytes, None)
+      keys.pop(key_bytes, None)
+  chain = store.save(entries, (grouper.states(), keys))
   yield REPORT_TAG, PartitionReport(
-      node, partition, state, _finite(grouper.hold()),
+      node, partition, chain, _finite(grouper.hold()),
       _micros(grouper.next_event_time()),
       _micros(grouper.next_processing_time()))
 
@@ -133,35 +145,41 @@ class StageState:
   timers: TimerTable
 
 
+# A stateful stage's entries: ('s', state key) -> its encoded chunks, and
+# ('t', timer family, encoded timer) -> True for each pending timer.
+_STATE, _TIMER = 's', 't'
+
+
 def load_stage_state(runtime: JobRuntime, stage: StagePlan,
-                     blob: Optional[bytes]) -> StageState:
+                     store: PartitionStore) -> StageState:
+  entries, decoded = store.load()
+  if decoded is not None:
+    return decoded
   table = TimerTable(
       {(t.transform_id, t.family_id): t.time_domain for t in stage.timers})
-  if blob is None:
-    return StageState({}, table)
-  saved = pickle.loads(blob)
   impls = _timer_impls(runtime, stage)
-  for family, encoded in saved['timers'].items():
-    table.written(*family, decode_all(impls[family], [encoded]))
-  return StageState(saved['store'], table)
+  user_state = {}
+  for entry, value in entries.items():
+    if entry[0] == _STATE:
+      user_state[entry[1]] = value
+    else:
+      family = entry[1]
+      table.written(*family, decode_all(impls[family], [entry[2]]))
+  return StageState(user_state, table)
 
 
 def save_stage_state(runtime: JobRuntime, stage: StagePlan, node: str,
-                     partition: int, state: StageState) -> PartitionReport:
+                     partition: int, state: StageState,
+                     store: PartitionStore) -> PartitionReport:
   impls = _timer_impls(runtime, stage)
-  timers: dict = collections.defaultdict(list)
+  entries = {(_STATE, key): value for key, value in state.store.items()}
   for family, timer in state.timers.pending():
-    timers[family].append(timer)
-  encoded = {
-      family: b''.join(encode_stream(impls[family], pending))
-      for family, pending in timers.items()}
-  blob = None
-  if state.store or encoded:
-    blob = pickle.dumps({'store': dict(state.store), 'timers': encoded},
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    encoded = b''.join(encode_stream(impls[family], [timer]))
+    entries[(_TIMER, family, encoded)] = True
+  chain = store.save(entries, state)
   table = state.timers
   return PartitionReport(
-      node, partition, blob, _finite(table.hold()),
+      node, partition, chain, _finite(table.hold()),
       _micros(table.next_fire(EVENT_TIME)),
       _micros(table.next_fire(PROCESSING_TIME)))
 
