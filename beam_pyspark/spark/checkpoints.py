@@ -4,7 +4,12 @@ Layout under the job's checkpoint location (streaming.checkpoints says
 what they hold):
 
     manifests/<batch>      one pickled Manifest per committed batch
-    files/<batch>-<n>      one state entry's content as of that batch
+    files/<batch>-<n>      a side input's contents, as of that batch
+    state/<node>/<partition>/<name>
+                           a keyed partition's state chain, written by
+                           its tasks (worker.statestore)
+
+File names (what manifests hold) are relative to the location.
 
 Every file is written to a temporary name and renamed into place, so a
 driver killed while writing leaves no half file under a real name; the
@@ -14,14 +19,104 @@ that died before its commit) are removed when the job resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
+import re
 import shutil
+import tempfile
+from typing import Optional
 
 from beam_pyspark.streaming.checkpoints import Manifest
+from beam_pyspark.streaming.checkpoints import ManifestBook
+
+# A side input's contents are committed batch by batch; past this many
+# files they are rewritten as one (compaction).
+MAX_SIDE_SEGMENTS = 16
 
 _MANIFESTS = 'manifests'
 _FILES = 'files'
+_STATE = 'state'
+
+
+def default_location(job_id: str) -> str:
+  return os.path.join(tempfile.gettempdir(), 'beam-pyspark-checkpoints',
+                      re.sub(r'[^A-Za-z0-9._-]', '_', job_id))
+
+
+@dataclasses.dataclass
+class Resumed:
+  """What a checkpoint's latest manifest restores."""
+  batch: int
+  driver: dict  # the engine's own plain data
+  states: dict  # node -> partition -> state chain
+  side_inputs: dict  # buffer id -> encoded chunks so far
+
+
+class JobCheckpoint:
+  """A streaming job's checkpoint: opened (files of a batch that never
+  committed are swept), resumed from, committed to after each batch."""
+  def __init__(self, path: str, fingerprint_: str):
+    self.dir = CheckpointDir(path)
+    self.path = path
+    self.book = ManifestBook(fingerprint_, self.dir.manifests())
+    self.dir.sweep(self.book.live())
+    self._dirty: set = set()  # (node, partition) changed since the commit
+    self._state_files: set[str] = set()  # written since the commit
+    self._side_committed: dict[bytes, int] = {}
+
+  def resumed(self) -> Optional[Resumed]:
+    latest, book = self.book.latest, self.book
+    if latest is None:
+      return None
+    states: dict = {}
+    for key in book.keys('state'):
+      _, node, partition = key
+      states.setdefault(node, {})[partition] = book.file_of(key)
+    side: dict = {}
+    for key in book.keys('side'):
+      side.setdefault(key[1], []).extend(
+          pickle.loads(self.dir.read_file(book.file_of(key))))
+    self._side_committed = {b: len(chunks) for b, chunks in side.items()}
+    return Resumed(latest.batch, latest.driver, states, side)
+
+  def state_changed(self, node: str, partition: int,
+                    before: Optional[tuple], after: Optional[tuple]) -> None:
+    """A keyed partition's state chain changed in a wave."""
+    self._dirty.add((node, partition))
+    self._state_files.update(set(after or ()) - set(before or ()))
+
+  def commit(self, batch: int, driver: dict, states: dict,
+             side_inputs: dict) -> None:
+    """Commits ``batch``: the side-input contents it added, the chains
+    that changed, the engine's ``driver`` data, in a manifest renamed
+    into place; then removes what no kept manifest names."""
+    book = self.book
+    for node, partition in sorted(self._dirty):
+      book.changed(('state', node, partition),
+                   states.get(node, {}).get(partition))
+    self._dirty.clear()
+    for buffer_id, chunks in sorted(side_inputs.items()):
+      done = self._side_committed.get(buffer_id, 0)
+      if len(chunks) == done:
+        continue
+      segments = book.keys('side', buffer_id)
+      if len(segments) >= MAX_SIDE_SEGMENTS:
+        for key in segments:
+          book.changed(key, None)
+        done = 0
+      book.changed(('side', buffer_id, batch), self.dir.write_file(
+          batch, pickle.dumps(chunks[done:], pickle.HIGHEST_PROTOCOL)))
+      self._side_committed[buffer_id] = len(chunks)
+    self.dir.commit(book.commit(batch, driver))
+    manifests, files = book.garbage()
+    # State files a later wave of the batch superseded.
+    files.extend(self._state_files - book.live())
+    self._state_files.clear()
+    self.dir.remove(manifests, files)
+
+  def delete(self) -> None:
+    self.dir.delete()
 
 
 class CheckpointDir:
@@ -48,12 +143,12 @@ class CheckpointDir:
 
   def write_file(self, batch: int, data: bytes) -> str:
     self._written += 1
-    name = f'{batch}-{self._written}'
-    self._write(os.path.join(self.path, _FILES, name), data)
+    name = os.path.join(_FILES, f'{batch}-{self._written}')
+    self._write(os.path.join(self.path, name), data)
     return name
 
   def read_file(self, name: str) -> bytes:
-    with open(os.path.join(self.path, _FILES, name), 'rb') as f:
+    with open(os.path.join(self.path, name), 'rb') as f:
       return f.read()
 
   def commit(self, manifest: Manifest) -> None:
@@ -64,17 +159,19 @@ class CheckpointDir:
     for batch in batches:
       _remove(os.path.join(self.path, _MANIFESTS, str(batch)))
     for name in files:
-      _remove(os.path.join(self.path, _FILES, name))
+      _remove(os.path.join(self.path, name))
 
   def sweep(self, live: set[str]) -> None:
     """Removes files no kept manifest names (and temporary ones)."""
-    for directory in (_FILES, _MANIFESTS):
-      for name in os.listdir(os.path.join(self.path, directory)):
-        if directory == _FILES and name in live:
-          continue
-        if directory == _MANIFESTS and name.isdigit():
-          continue
-        _remove(os.path.join(self.path, directory, name))
+    for name in os.listdir(os.path.join(self.path, _MANIFESTS)):
+      if not name.isdigit():
+        _remove(os.path.join(self.path, _MANIFESTS, name))
+    for top in (_FILES, _STATE):
+      for directory, _, names in os.walk(os.path.join(self.path, top)):
+        for name in names:
+          path = os.path.join(directory, name)
+          if os.path.relpath(path, self.path) not in live:
+            _remove(path)
 
   def delete(self) -> None:
     shutil.rmtree(self.path, ignore_errors=True)

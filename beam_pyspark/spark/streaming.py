@@ -1,65 +1,60 @@
 """The streaming engine: a plan run in micro-batches, each in waves.
 
-A micro-batch is what the sources give at once: a TestStream's elements
-up to its next watermark or processing-time advance
-(``streaming.teststream``), or, for bounded sources, everything, in one
-batch. Within a batch the plan runs in *waves*: one pass over the stages
-in producer order, each stage handed what its producers wrote in that
-same wave, at the clocks computed before it (its input and output
-watermarks, the processing time). Between waves the driver moves the
-watermarks (``streaming.watermarks``, Prism's rules, with the holds that
-keyed tasks report) and runs another wave while some keyed stage has
-timers due: a GroupByKey whose windows the watermark closed, a stateful
-DoFn's event- or processing-time timers.
+A micro-batch is what the sources give at once (``spark.sources``): a
+TestStream's elements up to its next watermark or processing-time
+advance, or everything bounded sources hold, in one. One Structured
+Streaming query per job runs them, ``_run_batch`` as its foreachBatch.
+Within a batch the plan runs in *waves*: one pass over the stages in
+producer order, each handed what its producers wrote in that wave, at the
+clocks computed before it (input and output watermarks, processing time).
+Between waves the driver moves the watermarks (``streaming.watermarks``,
+Prism's rules, with the holds keyed tasks report) and runs another wave
+while a keyed stage has timers due: a GroupByKey whose windows the
+watermark closed, a stateful DoFn's event- or processing-time timers.
 
-Keyed work keeps state between waves and batches (``worker.streaming``):
-a GroupByKey runs Beam's trigger driver per key, a stateful stage loads
-its user state and timers; each of their partitions reports its new state
-(an opaque blob kept here and handed back, broadcast, the next time),
-its holds and when its next timers are due. Side inputs are everything
-their PCollection produced so far. Partitions are fixed for the job's
-life (crc32 of the encoded key, as in batch).
+Keyed work keeps state between waves (``worker.streaming``): a GroupByKey
+runs Beam's trigger driver per key, a stateful stage its user state and
+timers; each partition writes what it changed under the checkpoint
+location and reports its state's new chain of files
+(``worker.statestore``), its holds and when its next timers are due. Side
+inputs are all their PCollection produced so far. Partitions are fixed
+for the job's life (crc32 of the encoded key, as in batch).
 
-Cancel stops between Spark actions. After the last batch the sources are
-exhausted: their watermarks go to +inf, processing time too, and waves
-run until nothing is due.
+Cancel stops the query and its Spark actions. After the last batch the
+sources are exhausted: their watermarks go to +inf, processing time too,
+and waves run until nothing is due.
 
-After each batch settles the driver commits it to the job's checkpoint
-location (``streaming.checkpoints``, ``spark.checkpoints``): the state
-blobs and side-input contents that batch changed, and a manifest of the
-rest. A driver started again with the same pipeline and location resumes
-after the last committed batch; the batch it died in runs again from the
-committed state, so its effects on state count once. A job that ends
+After each batch the driver commits it (``spark.checkpoints``): the
+side-input contents it added, and a manifest naming them and each keyed
+partition's chain. A driver started again with the same pipeline and
+location resumes after the last committed batch; the batch it died in
+runs again from the committed state, so it counts once. A job that ends
 DONE removes its checkpoint.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import pickle
-import re
-import tempfile
 from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 from apache_beam.runners.portability.fn_api_runner import translations as tr
-from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark import tasks
-from beam_pyspark.spark.checkpoints import CheckpointDir
+from beam_pyspark.spark.checkpoints import JobCheckpoint
+from beam_pyspark.spark.checkpoints import default_location
 from beam_pyspark.spark.partitioning import shuffle_chunks
+from beam_pyspark.spark.sources import Query
+from beam_pyspark.spark.sources import source_batches
 from beam_pyspark.spark.translate import SparkPipelineJob
 from beam_pyspark.streaming import MAX_MICROS
-from beam_pyspark.streaming.checkpoints import ManifestBook
 from beam_pyspark.streaming.checkpoints import fingerprint
 from beam_pyspark.streaming.teststream import TestStreamBatch
-from beam_pyspark.streaming.teststream import teststream_batches
 from beam_pyspark.streaming.watermarks import WatermarkGraph
 from beam_pyspark.worker.streaming import HELD_TAG
 from beam_pyspark.worker.streaming import REPORT_TAG
@@ -68,49 +63,12 @@ from beam_pyspark.worker.streaming import Clocks
 # Waves in one settling of the watermarks before the job is failed: timers
 # that keep setting timers due at once never settle.
 MAX_WAVES = 10000
-# How long reading a TestStream's events from its service may take.
-SERVICE_TIMEOUT_SECS = 300
-# A side input's contents are committed batch by batch; past this many
-# files they are rewritten as one (compaction).
-MAX_SIDE_SEGMENTS = 16
-
-
-def default_checkpoint_location(job_id: str) -> str:
-  return os.path.join(tempfile.gettempdir(), 'beam-pyspark-checkpoints',
-                      re.sub(r'[^A-Za-z0-9._-]', '_', job_id))
-
-
 def create_streaming_engine(plan, job_id, options, log):
   """The streaming engine (engine.ENGINES) on the user's running
   SparkContext, or one started for ``options``."""
   from beam_pyspark.spark.session import spark_context
   sc = spark_context(options.master, options.conf)
   return StreamingPipelineJob(sc, plan, job_id, options, log)
-
-
-def read_test_stream_service(
-    payload: beam_runner_api_pb2.TestStreamPayload,
-    tags: list[str]) -> beam_runner_api_pb2.TestStreamPayload:
-  """The TestStream's events read from its TestStreamService (Beam's
-  ``TestStreamServiceController``), inline."""
-  import grpc
-  from apache_beam.portability.api import beam_interactive_api_pb2
-  from apache_beam.portability.api import beam_interactive_api_pb2_grpc
-  url = payload.endpoint.url
-  inline = beam_runner_api_pb2.TestStreamPayload(coder_id=payload.coder_id)
-  try:
-    with grpc.insecure_channel(url) as channel:
-      stub = beam_interactive_api_pb2_grpc.TestStreamServiceStub(channel)
-      for event in stub.Events(
-          beam_interactive_api_pb2.EventsRequest(output_ids=tags),
-          timeout=SERVICE_TIMEOUT_SECS):
-        inline.events.append(event)
-  except grpc.RpcError as exn:
-    raise PipelineExecutionError(
-        f'Could not read the TestStream\'s events from its TestStreamService '
-        f'at {url}: {exn.code().name}: {exn.details()}. Is the service '
-        'still running, and reachable from the job server?') from exn
-  return inline
 
 
 _CONTROL_TAGS = (REPORT_TAG, HELD_TAG)
@@ -136,7 +94,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._graph = WatermarkGraph()
     self._sources: list[str] = []  # nodes exhausted after the first wave
     self._tag_nodes: dict[str, str] = {}  # TestStream tag -> its node
-    self._states: dict[str, dict[int, bytes]] = collections.defaultdict(dict)
+    # node -> partition -> its state's chain of files.
+    self._states: dict[str, dict[int, tuple]] = collections.defaultdict(dict)
     self._next_event: dict[str, dict[int, int]] = collections.defaultdict(
         dict)
     self._next_processing: dict[str, dict[int, int]] = (
@@ -152,13 +111,10 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._now = self._arrival = 0
     self._waves = 0
     self._batch: Optional[TestStreamBatch] = None
-    # The checkpoint: its directory, its manifests, the keyed partitions
-    # whose state changed since the last commit, how much of each side
-    # input is committed.
-    self._checkpoint: Optional[CheckpointDir] = None
-    self._book: Optional[ManifestBook] = None
-    self._dirty: set[tuple[str, int]] = set()
-    self._side_committed: dict[bytes, int] = {}
+    self._batches: list[TestStreamBatch] = []
+    self._committed = -1  # the last micro-batch committed
+    self._query: Optional[Query] = None
+    self._checkpoint: Optional[JobCheckpoint] = None
     self._build_graph()
 
   def describe(self) -> str:
@@ -252,8 +208,11 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _execute(self) -> None:
     location = self.options.checkpoint_location
-    self._checkpoint = CheckpointDir(
-        location or default_checkpoint_location(self.job_id))
+    # Raises CheckpointMismatch for another pipeline's checkpoint.
+    self._checkpoint = JobCheckpoint(
+        location or default_location(self.job_id),
+        fingerprint(
+            beam_runner_api_pb2.Components.FromString(self.plan.components)))
     try:
       self._run_batches()
     except BaseException:
@@ -266,27 +225,24 @@ class StreamingPipelineJob(SparkPipelineJob):
       raise
     self._checkpoint.delete()
 
+  def cancel(self) -> None:
+    super().cancel()
+    query = self._query
+    if query is not None:
+      query.stop()
+
   def _run_batches(self) -> None:
-    committed = self._resume()
-    batches = self._source_batches()
-    for index, batch in enumerate(batches):
-      if index <= committed:
-        continue
+    self._committed = self._resume()
+    self._batches = source_batches(self.plan)
+    self._check_cancelled()
+    self._query = Query(self.sc, self.job_id, len(self._batches),
+                        self._checkpoint.path, self._run_batch)
+    try:
+      self._query.run()
+    except Exception:  # pylint: disable=broad-except
       self._check_cancelled()
-      self._batch = batch
-      self._arrival = self._now = max(self._now, batch.arrival_time)
-      self._wave()
-      self._batch = None
-      if self._first_wave:
-        self._first_wave = False
-        for node in self._sources:
-          self._graph.set_source(node, MAX_MICROS)
-      for tag, watermark in batch.watermarks.items():
-        if tag in self._tag_nodes:
-          self._graph.set_source(self._tag_nodes[tag], watermark)
-      self._now = max(self._now, batch.processing_time)
-      self._settle()
-      self._commit(index)
+      raise
+    self._check_cancelled()
     # The sources are exhausted: whatever processing-time timers wait for
     # fires now, as at the end of a batch job.
     self._now = MAX_MICROS
@@ -295,19 +251,27 @@ class StreamingPipelineJob(SparkPipelineJob):
       self.log('The streaming job ended with watermarks held back: '
                f'{self._graph.snapshot()}')
 
-  def _source_batches(self) -> list[TestStreamBatch]:
-    streams = [s for s in self.plan.stages if s.kind == 'teststream']
-    if streams:  # validation allows one
-      stream = streams[0]
-      tags = sorted(set(stream.output_tags.values()))
-      payload = beam_runner_api_pb2.TestStreamPayload.FromString(
-          stream.read_payload)
-      if payload.endpoint.url:
-        return teststream_batches(
-            read_test_stream_service(payload, tags), tags, unit=1)
-      return teststream_batches(payload, tags)
-    now = Timestamp.now().micros
-    return [TestStreamBatch({}, {}, now, now, last=True)]
+  def _run_batch(self, index: int) -> None:
+    """Micro-batch ``index``: its elements in a wave, its watermarks and
+    processing time applied, waves until nothing is due, its commit."""
+    if index <= self._committed:
+      return  # committed before the driver started again
+    self._check_cancelled()
+    batch = self._batch = self._batches[index]
+    self._arrival = self._now = max(self._now, batch.arrival_time)
+    self._wave()
+    self._batch = None
+    if self._first_wave:
+      self._first_wave = False
+      for node in self._sources:
+        self._graph.set_source(node, MAX_MICROS)
+    for tag, watermark in batch.watermarks.items():
+      if tag in self._tag_nodes:
+        self._graph.set_source(self._tag_nodes[tag], watermark)
+    self._now = max(self._now, batch.processing_time)
+    self._settle()
+    self._commit(index)
+    self._committed = index
 
   def _settle(self) -> None:
     """Moves the watermarks and runs waves until nothing is due."""
@@ -377,20 +341,12 @@ class StreamingPipelineJob(SparkPipelineJob):
   # -- the checkpoint -------------------------------------------------------------
 
   def _resume(self) -> int:
-    """The job's state as of its last committed batch (raises
-    CheckpointMismatch for another pipeline's); that batch's index, or -1
-    for a job starting afresh. Files of a batch that never committed are
-    removed."""
-    from apache_beam.portability.api import beam_runner_api_pb2 as api
-    checkpoint = self._checkpoint
-    self._book = book = ManifestBook(
-        fingerprint(api.Components.FromString(self.plan.components)),
-        checkpoint.manifests())
-    checkpoint.sweep(book.live())
-    latest = book.latest
-    if latest is None:
+    """The job's state as of its last committed batch; that batch's index,
+    or -1 for a job starting afresh."""
+    resumed = self._checkpoint.resumed()
+    if resumed is None:
       return -1
-    driver = latest.driver
+    driver = resumed.driver
     self._graph.restore(driver['graph'])
     for table, saved in ((self._next_event, driver['next_event']),
                          (self._next_processing, driver['next_processing'])):
@@ -401,44 +357,20 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._first_wave = driver['first_wave']
     self._now, self._arrival = driver['now'], driver['arrival']
     self._ctx.metrics.add(driver['metrics'])
-    for key in book.keys('state'):
-      _, node, partition = key
-      self._states[node][partition] = checkpoint.read_file(book.file_of(key))
-    for key in book.keys('side'):
-      self._side_history.setdefault(key[1], []).extend(
-          pickle.loads(checkpoint.read_file(book.file_of(key))))
-    self._side_committed = {
-        b: len(history) for b, history in self._side_history.items()}
-    self.log(f'Resuming after micro-batch {latest.batch}, the last one '
-             f'committed to {checkpoint.path}.')
-    return latest.batch
+    for node, chains in resumed.states.items():
+      self._states[node].update(chains)
+    self._side_history = resumed.side_inputs
+    self.log(f'Resuming after micro-batch {resumed.batch}, the last one '
+             f'committed to {self._checkpoint.path}.')
+    return resumed.batch
 
   def _commit(self, batch: int) -> None:
-    """Commits ``batch``: the files of what it changed, then its manifest."""
-    checkpoint, book = self._checkpoint, self._book
-    for node, partition in sorted(self._dirty):
-      blob = self._states[node].get(partition)
-      book.changed(('state', node, partition),
-                   None if blob is None else checkpoint.write_file(batch, blob))
-    self._dirty.clear()
-    for buffer_id, history in sorted(self._side_history.items()):
-      done = self._side_committed.get(buffer_id, 0)
-      if len(history) == done:
-        continue
-      segments = book.keys('side', buffer_id)
-      if len(segments) >= MAX_SIDE_SEGMENTS:
-        for key in segments:
-          book.changed(key, None)
-        done = 0
-      book.changed(('side', buffer_id, batch), checkpoint.write_file(
-          batch, pickle.dumps(history[done:], pickle.HIGHEST_PROTOCOL)))
-      self._side_committed[buffer_id] = len(history)
     # The metrics so far, folded (the accumulator does not grow for ever).
     merged = TaskMetrics()
     merged.add(list(self._ctx.metrics.value))
     metrics = merged.compacted()
     self._ctx.metrics.value = list(metrics)
-    checkpoint.commit(book.commit(batch, {
+    self._checkpoint.commit(batch, {
         'graph': self._graph.snapshot(),
         'next_event': {n: dict(t) for n, t in self._next_event.items() if t},
         'next_processing': {
@@ -449,8 +381,7 @@ class StreamingPipelineJob(SparkPipelineJob):
         'now': self._now,
         'arrival': self._arrival,
         'metrics': metrics,
-    }))
-    checkpoint.remove(*book.garbage())
+    }, self._states, self._side_history)
 
   # -- stages -------------------------------------------------------------------
 
@@ -480,12 +411,13 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
     node = stage.name
-    states = self._broadcast_states(node) if stage.stateful else None
+    states = self._chains(node) if stage.stateful else None
     side_watermarks = None
     if stage.side_inputs and not stage.stateful:
       side_watermarks = self._side_watermarks(stage)
       self._held_at[node] = tuple(sorted(side_watermarks.items()))
-    wave = tasks.StreamWave(node, self._clocks(node), states, side_watermarks,
+    wave = tasks.StreamWave(node, self._clocks(node), states,
+                            self._checkpoint.path, side_watermarks,
                             serial=self._waves)
     return tasks.RunStage(self._ctx, stage, side, group_outputs, wave)
 
@@ -533,8 +465,8 @@ class StreamingPipelineJob(SparkPipelineJob):
       records = shuffle_chunks(self._union(producers), self._parallelism)
     else:
       records = self.sc.parallelize([], self._parallelism)
-    wave = tasks.StreamWave(node, self._clocks(node),
-                            self._broadcast_states(node), serial=self._waves)
+    wave = tasks.StreamWave(node, self._clocks(node), self._chains(node),
+                            self._checkpoint.path, serial=self._waves)
     out = records.mapPartitionsWithIndex(
         tasks.StreamGroup(self._ctx, self.plan.groups[buffer_id], wave))
     return self._keyed_output(node, out)
@@ -554,8 +486,9 @@ class StreamingPipelineJob(SparkPipelineJob):
         (ts for _, _, ts in held), default=None))
     for report in reports:
       p = report.partition
-      if report.state != self._states[node].get(p):
-        self._dirty.add((node, p))  # to be committed
+      before = self._states[node].get(p)
+      if report.state != before:
+        self._checkpoint.state_changed(node, p, before, report.state)
       if report.state is None:
         self._states[node].pop(p, None)
       else:
@@ -565,13 +498,9 @@ class StreamingPipelineJob(SparkPipelineJob):
       _set(self._next_processing[node], p, report.next_processing)
     return out.filter(_is_data)
 
-  def _broadcast_states(self, node: str):
-    states = self._states.get(node)
-    if not states:
-      return None
-    b = self.sc.broadcast(dict(states))
-    self._broadcasts.append(b)
-    return b
+  def _chains(self, node: str) -> dict:
+    """Each partition's state chain (a few names: tasks read the files)."""
+    return dict(self._states.get(node) or {})
 
   def _collect(self, buffer_id: bytes) -> list[bytes]:
     """A side input: everything its PCollection produced so far."""
