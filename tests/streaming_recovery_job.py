@@ -2,10 +2,12 @@
 
     python streaming_recovery_job.py OUT_DIR CHECKPOINT_DIR [--kill-mid-batch]
 
-A TestStream of several micro-batches into two branches, each with state
-the engine must carry across batches and restore from a checkpoint:
-windowed sums under early, on-time and late firings (accumulating), and a
-stateful DoFn with bag and combining state and an event-time timer. Each
+A TestStream of several micro-batches into three branches, each with
+state the engine must carry across batches and restore from a checkpoint:
+windowed sums under early, on-time and late firings (accumulating), a
+stateful DoFn with bag and combining state and an event-time timer, and
+Beam's own file sink (fileio.WriteToFiles: temporary files, renamed once
+their window closes) into OUT_DIR/files. Each
 output element is written to OUT_DIR/out as a file named by its content,
 through a temporary name and a rename: an idempotent sink, so a batch run
 again after a crash rewrites the same files, and any output that differs
@@ -31,6 +33,7 @@ from apache_beam.transforms import trigger
 from apache_beam.transforms import userstate
 from apache_beam.transforms import window
 from apache_beam.coders import VarIntCoder
+from apache_beam.io import fileio
 
 KILL_AT = 301  # micro-batch 4 (the first holds only a watermark)
 BATCHES = 6
@@ -121,6 +124,11 @@ def build(p, out_dir, kill=False):
           early=trigger.AfterCount(2), late=trigger.AfterCount(1)),
       accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
       allowed_lateness=30)
+  _ = (events | 'Windows' >> beam.WindowInto(window.FixedWindows(20))
+       | beam.Map(repr)
+       | fileio.WriteToFiles(
+           path=os.path.join(out_dir, 'files'), shards=1,
+           file_naming=fileio.destination_prefix_naming()))
   sums = windowed | beam.CombinePerKey(sum)
   state = windowed | beam.ParDo(_SumAtWindowEnd())
   return ((sums, state) | beam.Flatten() | beam.Map(_describe)
@@ -132,6 +140,18 @@ def read_output(out_dir):
   return sorted(
       open(os.path.join(directory, name), encoding='utf-8').read()
       for name in os.listdir(directory) if not name.startswith('.'))
+
+
+def read_files(out_dir):
+  """The file sink's finished files: name -> sorted lines."""
+  directory = os.path.join(out_dir, 'files')
+  found = {}
+  for name in os.listdir(directory):
+    path = os.path.join(directory, name)
+    if os.path.isfile(path):
+      with open(path, encoding='utf-8') as f:
+        found[name] = sorted(f.read().splitlines())
+  return found
 
 
 def main(argv):

@@ -156,8 +156,9 @@ def reference(tmp_path_factory):
   options = PipelineOptions(['--streaming', '--allow_unsafe_triggers'])
   with beam.Pipeline('DirectRunner', options=options) as p:
     job.build(p, str(out))
-  expected = job.read_output(str(out))
-  assert len(expected) > 20, 'the reference is too small to judge by'
+  expected = job.read_output(str(out)), job.read_files(str(out))
+  assert len(expected[0]) > 20, 'the reference is too small to judge by'
+  assert len(expected[1]) >= 3, 'the file sink wrote too little to judge by'
   return expected
 
 
@@ -195,7 +196,7 @@ def test_driver_killed_mid_batch_resumes_with_exact_output(tmp_path, reference):
   code, err = _finish(_start(out, checkpoint, '--kill-mid-batch'))
   assert code == 0, err[-3000:]
   assert _resumed_after(err) >= 2
-  assert job.read_output(str(out)) == reference
+  assert (job.read_output(str(out)), job.read_files(str(out))) == reference
   assert not checkpoint.exists(), 'a DONE job keeps no checkpoint'
 
 
@@ -215,4 +216,12 @@ def test_driver_killed_right_after_a_commit_resumes_with_exact_output(
   code, err = _finish(_start(out, checkpoint))
   assert code == 0, err[-3000:]
   assert _resumed_after(err) >= 5
-  assert job.read_output(str(out)) == reference
+  assert (job.read_output(str(out)), job.read_files(str(out))) == reference
+
+
+def test_stage_keys_survive_fusions_numbering():
+  from beam_pyspark.streaming.checkpoints import stage_key
+  # Two processes fused the same Flatten's inputs in another order.
+  assert stage_key(['A/Read', 'ParDo(f)', 'Flatten/Write/0']) == stage_key(
+      ['A/Read', 'Flatten/Write/1', 'ParDo(f)'])
+  assert stage_key(['A/Read', 'ParDo(f)']) != stage_key(['A/Read', 'ParDo(g)'])

@@ -27,8 +27,10 @@ import shutil
 import tempfile
 from typing import Optional
 
+from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.streaming.checkpoints import Manifest
 from beam_pyspark.streaming.checkpoints import ManifestBook
+from beam_pyspark.streaming.checkpoints import stage_key
 
 # A side input's contents are committed batch by batch; past this many
 # files they are rewritten as one (compaction).
@@ -44,6 +46,23 @@ def default_location(job_id: str) -> str:
                       re.sub(r'[^A-Za-z0-9._-]', '_', job_id))
 
 
+def stable_node_names(plan: ExecutionPlan) -> dict[str, str]:
+  """The streaming engine's node names (stages by name, a TestStream's per
+  tag) -> names that stay the same when the pipeline is fused again in
+  another process; GroupByKey nodes are named by their buffer already."""
+  names = {}
+  for stage in plan.stages:
+    key = stage_key(stage.transform_names)
+    names[stage.name] = key
+    for tag in stage.output_tags.values():
+      names[f'{stage.name}#{tag}'] = f'{key}#{tag}'
+  return names
+
+
+# The engine's data keyed by node, renamed on the way in and out.
+_BY_NODE = ('graph', 'next_event', 'next_processing', 'held', 'held_at')
+
+
 @dataclasses.dataclass
 class Resumed:
   """What a checkpoint's latest manifest restores."""
@@ -56,9 +75,12 @@ class Resumed:
 class JobCheckpoint:
   """A streaming job's checkpoint: opened (files of a batch that never
   committed are swept), resumed from, committed to after each batch."""
-  def __init__(self, path: str, fingerprint_: str):
+  def __init__(self, path: str, fingerprint_: str,
+               stable_names: Optional[dict] = None):
     self.dir = CheckpointDir(path)
     self.path = path
+    self._stable = dict(stable_names or {})
+    self._local = {v: k for k, v in self._stable.items()}
     self.book = ManifestBook(fingerprint_, self.dir.manifests())
     self.dir.sweep(self.book.live())
     self._dirty: set = set()  # (node, partition) changed since the commit
@@ -72,18 +94,23 @@ class JobCheckpoint:
     states: dict = {}
     for key in book.keys('state'):
       _, node, partition = key
-      states.setdefault(node, {})[partition] = book.file_of(key)
+      states.setdefault(self._local.get(node, node), {})[partition] = (
+          book.file_of(key))
     side: dict = {}
     for key in book.keys('side'):
       side.setdefault(key[1], []).extend(
           pickle.loads(self.dir.read_file(book.file_of(key))))
     self._side_committed = {b: len(chunks) for b, chunks in side.items()}
-    return Resumed(latest.batch, latest.driver, states, side)
+    driver = dict(latest.driver)
+    for field in _BY_NODE:
+      driver[field] = {self._local.get(n, n): v
+                       for n, v in driver[field].items()}
+    return Resumed(latest.batch, driver, states, side)
 
   def state_changed(self, node: str, partition: int,
                     before: Optional[tuple], after: Optional[tuple]) -> None:
     """A keyed partition's state chain changed in a wave."""
-    self._dirty.add((node, partition))
+    self._dirty.add((self._stable.get(node, node), partition))
     self._state_files.update(set(after or ()) - set(before or ()))
 
   def commit(self, batch: int, driver: dict, states: dict,
@@ -92,6 +119,11 @@ class JobCheckpoint:
     that changed, the engine's ``driver`` data, in a manifest renamed
     into place; then removes what no kept manifest names."""
     book = self.book
+    states = {self._stable.get(n, n): v for n, v in states.items()}
+    driver = dict(driver)
+    for field in _BY_NODE:
+      driver[field] = {self._stable.get(n, n): v
+                       for n, v in driver[field].items()}
     for node, partition in sorted(self._dirty):
       book.changed(('state', node, partition),
                    states.get(node, {}).get(partition))

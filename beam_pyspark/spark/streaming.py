@@ -24,12 +24,9 @@ Cancel stops the query and its Spark actions. After the last batch the
 sources are exhausted: their watermarks go to +inf, processing time too,
 and waves run until nothing is due.
 
-After each batch the driver commits it (``spark.checkpoints``): the
-side-input contents it added, and a manifest naming them and each keyed
-partition's chain. A driver started again with the same pipeline and
-location resumes after the last committed batch; the batch it died in
-runs again from the committed state, so it counts once. A job that ends
-DONE removes its checkpoint.
+After each batch the driver commits it (``spark.checkpoints``); a driver
+started again with the same pipeline and location resumes after the last
+committed batch (the one it died in runs again from the committed state).
 """
 
 from __future__ import annotations
@@ -48,6 +45,7 @@ from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark import tasks
 from beam_pyspark.spark.checkpoints import JobCheckpoint
 from beam_pyspark.spark.checkpoints import default_location
+from beam_pyspark.spark.checkpoints import stable_node_names
 from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark.sources import Query
 from beam_pyspark.spark.sources import source_batches
@@ -209,10 +207,12 @@ class StreamingPipelineJob(SparkPipelineJob):
   def _execute(self) -> None:
     location = self.options.checkpoint_location
     # Raises CheckpointMismatch for another pipeline's checkpoint.
+    names = stable_node_names(self.plan)
     self._checkpoint = JobCheckpoint(
         location or default_location(self.job_id),
         fingerprint(
-            beam_runner_api_pb2.Components.FromString(self.plan.components)))
+            beam_runner_api_pb2.Components.FromString(self.plan.components),
+            names.values()), names)
     try:
       self._run_batches()
     except BaseException:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from typing import Iterable
 from typing import Optional
 
@@ -34,18 +35,34 @@ class CheckpointMismatch(ValueError):
   """The checkpoint belongs to another pipeline."""
 
 
-def fingerprint(components: beam_runner_api_pb2.Components) -> str:
+# Transforms Beam's fusion adds, numbered in an order that may differ
+# between two processes (a Flatten's inputs: Flatten/Write/0, /1, ...).
+_NUMBERED = re.compile(r'/(Write|Transcode)/\d+$')
+
+
+def stage_key(transform_names: Iterable[str]) -> str:
+  """A fused stage's name for checkpoints: its transforms, sorted, with
+  the numbers of fusion's own transforms dropped. Fusing the same
+  pipeline in another process may order or number them differently (the
+  stage's own name then differs), never group them differently."""
+  return ' + '.join(sorted(_NUMBERED.sub(r'/\1', n) for n in transform_names))
+
+
+def fingerprint(components: beam_runner_api_pb2.Components,
+                stage_keys: Iterable[str] = ()) -> str:
   """A pipeline's shape: its transforms by name and kind and how they
-  connect. The same program built again has the same fingerprint (pickled
-  DoFns may differ byte for byte between two builds, so they are left
-  out); a changed graph has another."""
+  connect, and its fused stages (``stage_key``). The same program built
+  again has the same fingerprint (pickled DoFns may differ byte for byte
+  between two builds, so they are left out); a changed graph has
+  another."""
   names = {pid: p.unique_name for pid, p in components.pcollections.items()}
   rows = sorted(
       (t.unique_name, t.spec.urn,
        tuple(sorted((tag, names.get(p, p)) for tag, p in t.inputs.items())),
        tuple(sorted((tag, names.get(p, p)) for tag, p in t.outputs.items())))
       for t in components.transforms.values())
-  return hashlib.sha256(repr(rows).encode('utf-8')).hexdigest()
+  return hashlib.sha256(
+      repr((rows, sorted(stage_keys))).encode('utf-8')).hexdigest()
 
 
 @dataclasses.dataclass
