@@ -20,7 +20,6 @@ is never used: the engine keeps Beam's watermarks itself.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Callable
 
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -124,17 +123,16 @@ class MicroBatches(DataSource):
 
 class Query:
   """A job's query: runs ``run_batch(index)`` for each micro-batch, in
-  order, on a thread of Spark's, and waits for the last; ``stop()`` from
-  any thread ends it between triggers."""
+  order, on a thread of Spark's, and waits for the last. A batch that
+  raises (a cancelled job's does) ends the query: stopping a query while
+  its foreachBatch runs can kill Spark's stream thread (DESIGN.md, traps),
+  so ``stop()`` is called only once it is idle or over."""
   def __init__(self, sc, job_id: str, count: int, location: str,
                run_batch: Callable[[int], None]):
     self.sc, self.job_id, self.count = sc, job_id, count
     self.location = os.path.join(location, 'query')
     self.run_batch = run_batch
-    self._query = None
     self._errors: list[BaseException] = []
-    self._lock = threading.Lock()
-    self._stopped = False
 
   def run(self) -> None:
     if self.count == 0:
@@ -142,35 +140,26 @@ class Query:
     from pyspark.sql import SparkSession
     spark = SparkSession(self.sc)
     spark.dataSource.register(MicroBatches)
-    with self._lock:
-      if self._stopped:
-        return
-      self._query = (
-          spark.readStream.format(SOURCE_NAME)
-          .option('count', str(self.count)).load()
-          .writeStream.queryName(f'beam-{self.job_id}')
-          .foreachBatch(self._each)
-          .option('checkpointLocation', self.location).start())
+    query = (
+        spark.readStream.format(SOURCE_NAME)
+        .option('count', str(self.count)).load()
+        .writeStream.queryName(f'beam-{self.job_id}')
+        .foreachBatch(self._each)
+        .option('checkpointLocation', self.location).start())
     try:
-      self._query.processAllAvailable()
+      query.processAllAvailable()
     except Exception:  # pylint: disable=broad-except
       if not self._errors:
         raise
     finally:
-      self.stop()
-    if self._errors:
-      # The engine's own error (a user's traceback), not Spark's wrapping.
-      raise self._errors[0]
-
-  def stop(self) -> None:
-    with self._lock:
-      self._stopped = True
-      query = self._query
-    if query is not None:
+      # Idle (every batch done) or over (one failed) by now.
       try:
         query.stop()
       except Exception:  # pylint: disable=broad-except
         pass
+    if self._errors:
+      # The engine's own error (a user's traceback), not Spark's wrapping.
+      raise self._errors[0]
 
   def _each(self, frame, _batch_id) -> None:
     if self._errors:

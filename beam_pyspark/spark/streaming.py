@@ -20,7 +20,8 @@ location and reports its state's new chain of files
 inputs are all their PCollection produced so far. Partitions are fixed
 for the job's life (crc32 of the encoded key, as in batch).
 
-Cancel stops the query and its Spark actions. After the last batch the
+Cancel fails the running batch at its next Spark action, which ends the
+query (``Query.stop`` only ever stops an idle query). After the last batch the
 sources are exhausted: their watermarks go to +inf, processing time too,
 and waves run until nothing is due.
 
@@ -224,12 +225,6 @@ class StreamingPipelineJob(SparkPipelineJob):
                  '--checkpoint_location to resume from it.')
       raise
     self._checkpoint.delete()
-
-  def cancel(self) -> None:
-    super().cancel()
-    query = self._query
-    if query is not None:
-      query.stop()
 
   def _run_batches(self) -> None:
     self._committed = self._resume()
