@@ -119,3 +119,125 @@ def test_the_runner_serves_its_own_jobs_when_asked(tmp_path):
   mine = [r for r in rows if r['job_name'] == 'mine']
   assert mine and mine[0]['state'] == 'DONE'
   assert b'<svg' in _get(url + 'jobs/' + mine[0]['job_id'])[2]
+
+
+def test_health_and_readiness(site):
+  registry, _, server = site
+  assert _get(server.url + 'healthz')[0] == 200
+  assert _get(server.url + 'readyz')[0] == 200
+  registry.shutdown(0, 'The test stops the server')
+  with pytest.raises(urllib.error.HTTPError) as error:
+    _get(server.url + 'readyz')
+  assert error.value.code == 503
+  assert _get(server.url + 'healthz')[0] == 200  # still answering
+
+
+def _scrape(url):
+  """Prometheus' text format: {(name, frozenset of labels): value}; the
+  HELP/TYPE lines checked on the way."""
+  import re
+  status, content_type, body = _get(url + 'metrics')
+  assert status == 200 and content_type.startswith('text/plain; version=0.0.4')
+  samples, typed = {}, set()
+  for line in body.decode('utf-8').splitlines():
+    if line.startswith('# TYPE '):
+      typed.add(line.split()[2])
+      continue
+    if line.startswith('#'):
+      continue
+    m = re.fullmatch(r'(\w+)(?:\{(.*)\})? (\S+)', line)
+    assert m, f'not a sample line: {line!r}'
+    labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ''))
+    assert m.group(1) in typed, f'{m.group(1)} has no TYPE line'
+    samples[(m.group(1), labels)] = float(m.group(3))
+  return samples
+
+
+def test_metrics_endpoint_matches_the_jobs_own_metrics(tmp_path):
+  import apache_beam as beam
+  from apache_beam.metrics import Metrics
+  from apache_beam.metrics.metric import MetricsFilter
+  from conftest import spark_options
+  from beam_pyspark import runner
+
+  class Measure(beam.DoFn):
+    def __init__(self):
+      self.seen = Metrics.counter('page', 'seen "quoted"')
+      self.sizes = Metrics.distribution('page', 'sizes')
+
+    def process(self, element):
+      self.seen.inc()
+      self.sizes.update(element)
+      yield element
+
+  p = beam.Pipeline(options=spark_options(status_port=0, job_name='scraped'))
+  _ = p | beam.Create([1, 5, 7]) | beam.ParDo(Measure())
+  result = p.run()
+  result.wait_until_finish()
+  samples = _scrape(runner.status_page())
+  job = result.job_id
+  counters = result.metrics().query(MetricsFilter().with_namespace('page'))
+  (counter,) = counters['counters']
+  (dist,) = counters['distributions']
+
+  def user(name, metric):
+    return [v for (n, labels), v in samples.items() if n == name and
+            ('job', job) in labels and ('name', metric) in labels]
+
+  assert user('beam_pyspark_user_counter', 'seen \\"quoted\\"') == [
+      counter.committed] == [3]
+  assert user('beam_pyspark_user_distribution_sum', 'sizes') == [
+      dist.committed.sum]
+  assert user('beam_pyspark_user_distribution_max', 'sizes') == [7]
+  elements = [v for (n, labels), v in samples.items()
+              if n == 'beam_pyspark_elements' and ('job', job) in labels]
+  assert elements and max(elements) == 3
+  assert samples[('beam_pyspark_jobs', frozenset({('state', 'DONE')}))] >= 1
+
+
+def test_the_job_port_answers_grpc_health_checks(tmp_path):
+  import grpc
+  from jobserver_process import JobServerProcess
+  from beam_pyspark.jobservice import health
+  server = JobServerProcess(tmp_path / 'server')
+  try:
+    check = server.channel.unary_unary(
+        '/grpc.health.v1.Health/Check',
+        request_serializer=health.HealthCheckRequest.SerializeToString,
+        response_deserializer=health.HealthCheckResponse.FromString)
+    assert check(health.HealthCheckRequest(), timeout=10).status == (
+        health.SERVING)
+    assert check(health.HealthCheckRequest(service=health.JOB_SERVICE),
+                 timeout=10).status == health.SERVING
+    with pytest.raises(grpc.RpcError) as error:
+      check(health.HealthCheckRequest(service='nope'), timeout=10)
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+  finally:
+    server.stop()
+
+
+def test_health_turns_not_serving_and_watch_follows():
+  import threading
+  from concurrent import futures
+  import grpc
+  from beam_pyspark.jobservice import health
+  serving, stopped = [True], threading.Event()
+  server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+  server.add_generic_rpc_handlers(
+      (health.health_handler(lambda: serving[0], stopped),))
+  port = server.add_insecure_port('localhost:0')
+  server.start()
+  try:
+    with grpc.insecure_channel(f'localhost:{port}') as channel:
+      watch = channel.unary_stream(
+          '/grpc.health.v1.Health/Watch',
+          request_serializer=health.HealthCheckRequest.SerializeToString,
+          response_deserializer=health.HealthCheckResponse.FromString)
+      updates = watch(health.HealthCheckRequest(), timeout=30)
+      assert next(updates).status == health.SERVING
+      serving[0] = False  # the registry started closing
+      assert next(updates).status == health.NOT_SERVING
+      updates.cancel()
+  finally:
+    stopped.set()
+    server.stop(None)

@@ -357,6 +357,11 @@ class JobRegistry:
 
   # -- reading ------------------------------------------------------------
 
+  @property
+  def closing(self) -> bool:
+    """Whether the registry is stopping (it takes no new jobs)."""
+    return self._closing
+
   def _get(self, job_id: str) -> Job:
     job = self._jobs.get(job_id)
     if job is None:

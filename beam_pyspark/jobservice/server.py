@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from concurrent import futures
 from typing import Optional
 
@@ -14,6 +15,7 @@ from apache_beam.portability.api import beam_expansion_api_pb2_grpc
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
+from beam_pyspark.jobservice.health import health_handler
 from beam_pyspark.jobservice.service import DEFAULT_MAX_INVOCATION_HISTORY
 from beam_pyspark.jobservice.service import JobService
 from beam_pyspark.jobservice.store import JobStore
@@ -154,6 +156,9 @@ class JobServer:
     self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)
+    self._stopped = threading.Event()
+    self._job_server.add_generic_rpc_handlers((health_handler(
+        lambda: not self.service.registry.closing, self._stopped),))
     self.job_port = self._job_server.add_insecure_port(
         f'{host}:{config.job_port}')
 
@@ -217,6 +222,7 @@ class JobServer:
     _LOGGER.info('Status page: %s', self.status_url)
 
   def stop(self, grace: Optional[float] = 1.0) -> None:
+    self._stopped.set()
     if self._status is not None:
       self._status.stop()
       self._status = None

@@ -10,6 +10,10 @@ the Job API serves, and nothing else.
     /api/jobs         the same as JSON
     /jobs/<id>        one job: its state history, its fused stages as a
                       graph, its messages
+    /metrics          jobs and their Beam metrics for Prometheus
+                      (web.prometheus)
+    /healthz          200 while the server answers
+    /readyz           200 while it takes jobs, 503 once it is stopping
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Optional
 
 from beam_pyspark.events import JobState
 from beam_pyspark.events import state_name
+from beam_pyspark.web import prometheus
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -84,6 +89,17 @@ class StatusPages:
     path = urllib.parse.urlsplit(path).path
     if path == '/':
       return 200, 'text/html; charset=utf-8', self._jobs_page()
+    if path == '/metrics':
+      text = prometheus.exposition(
+          self.registry.jobs(), lambda job_id: self.registry.metrics(job_id)[0],
+          _duration)
+      return 200, prometheus.CONTENT_TYPE, text.encode('utf-8')
+    if path == '/healthz':
+      return 200, 'text/plain', b'ok\n'
+    if path == '/readyz':
+      if self.registry.closing:
+        return 503, 'text/plain', b'stopping: no new jobs\n'
+      return 200, 'text/plain', b'ready\n'
     if path == '/api/jobs':
       rows = [_job_row(j) for j in reversed(self.registry.jobs())]
       return 200, 'application/json', json.dumps(rows).encode('utf-8')
