@@ -1,6 +1,7 @@
 """A streaming job for the driver-kill tests (test_streaming_recovery.py).
 
     python streaming_recovery_job.py OUT_DIR CHECKPOINT_DIR [--kill-mid-batch]
+        [PIPELINE OPTIONS...]
 
 A TestStream of several micro-batches into three branches, each with
 state the engine must carry across batches and restore from a checkpoint:
@@ -160,9 +161,13 @@ def main(argv):
   logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
   with open(os.path.join(out_dir, 'driver.pid'), 'w', encoding='utf-8') as f:
     f.write(str(os.getpid()))
+  # Other flags are pipeline options (a cluster's master, Spark settings).
+  extra = [a for a in argv[3:] if a != '--kill-mid-batch']
+  if not any(a.startswith('--spark_master_url') for a in extra):
+    extra.append('--spark_master_url=local[2]')
   options = PipelineOptions([
       '--streaming', '--allow_unsafe_triggers',
-      f'--checkpoint_location={checkpoint}', '--spark_master_url=local[2]'])
+      f'--checkpoint_location={checkpoint}'] + extra)
   with beam.Pipeline('beam_pyspark.PySparkRunner', options=options) as p:
     build(p, out_dir, kill)
 

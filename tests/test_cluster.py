@@ -360,3 +360,30 @@ def test_killed_executor_and_python_worker_give_exact_output(
       for e in r['elements'])
   assert sorted(kept) == list(range(elements))
   assert set(kept.values()) == {1}
+
+
+# -- streaming ---------------------------------------------------------------
+
+
+def test_streaming_job_on_the_cluster_equals_the_direct_runner(
+    cluster, tmp_path):
+  """A TestStream job with triggers, state and Beam's file sink: its query,
+  keyed state chains and checkpoint on a real cluster (the checkpoint
+  location is a path both workers see: one machine)."""
+  import apache_beam as beam
+  from apache_beam.options.pipeline_options import PipelineOptions
+  import streaming_recovery_job as job
+  reference = tmp_path / 'direct'
+  reference.mkdir()
+  with beam.Pipeline('DirectRunner', options=PipelineOptions(
+      ['--streaming', '--allow_unsafe_triggers'])) as p:
+    job.build(p, str(reference))
+  out = tmp_path / 'cluster'
+  out.mkdir()
+  args = [os.path.join(HERE, 'streaming_recovery_job.py'), str(out),
+          str(tmp_path / 'checkpoint')]
+  run_program(args + runner_args(cluster)[1:], tmp_path, cluster,
+              name='streaming')
+  assert len(job.read_output(str(reference))) > 20
+  assert job.read_output(str(out)) == job.read_output(str(reference))
+  assert job.read_files(str(out)) == job.read_files(str(reference))
