@@ -26,6 +26,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pyspark.errors import BeamPySparkError
 
 DEFAULT_SPLIT_AFTER_SECS = 10.0
+# Streaming reads: a micro-batch's budget, and how long one restriction
+# reads in it.
+DEFAULT_RECORDS_PER_BATCH = 100_000
+DEFAULT_READ_SECS = 1.0
 DEFAULT_BUNDLE_BYTES = 32 << 20
 # SparkRunnerOptions.spark_master_url's default in Beam.
 BEAM_DEFAULT_MASTER = 'local[4]'
@@ -88,6 +92,28 @@ class PySparkRunnerOptions(PipelineOptions):
         'Spark; the driver\'s own disk or shared storage on a cluster. '
         'Default: a directory of the job\'s own under the temporary '
         'directory, removed when the job ends (so no resume).')
+    parser.add_argument(
+        '--max_records_per_batch',
+        type=int,
+        default=None,
+        help='Streaming: the records the unbounded reads of one micro-batch '
+        'may output, split evenly over the reads\' live restrictions with '
+        'backlog (as Spark\'s maxOffsetsPerTrigger; 0: no limit; default: '
+        f'{DEFAULT_RECORDS_PER_BATCH}).')
+    parser.add_argument(
+        '--max_bytes_per_batch',
+        type=int,
+        default=None,
+        help='Streaming: the bytes (Beam\'s sampled sizes) the unbounded '
+        'reads of one micro-batch may output, split evenly as the records '
+        'are (default: 0, no limit).')
+    parser.add_argument(
+        '--max_read_secs',
+        type=float,
+        default=None,
+        help='Streaming: how long one restriction of an unbounded read may '
+        'run in a micro-batch before the runner checkpoints it (default: '
+        f'{DEFAULT_READ_SECS}).')
 
 
 # Beam's own option that this runner reads, next to ours.
@@ -153,6 +179,21 @@ def _optional_int(value: Any) -> Optional[int]:
   return None if value in (None, '') else int(value)
 
 
+def _read_budget(records: Optional[int], size: Optional[int],
+                 secs: Any) -> dict:
+  """RunnerOptions' streaming read budget from the three options (0 or
+  less: no limit); raises ValueError for a time limit that is not > 0."""
+  secs = DEFAULT_READ_SECS if secs in (None, '') else float(secs)
+  if secs <= 0:
+    raise ValueError(f'--max_read_secs={secs}: give a time above 0 seconds')
+  return {
+      'records_per_batch': (DEFAULT_RECORDS_PER_BATCH if records is None
+                            else records if records > 0 else None),
+      'bytes_per_batch': size if size and size > 0 else None,
+      'read_secs': secs,
+  }
+
+
 @dataclasses.dataclass
 class RunnerOptions:
   """Everything the engine reads of a job's options, typed."""
@@ -176,6 +217,11 @@ class RunnerOptions:
   status_port: Optional[int] = None
   # Streaming: where micro-batches commit (None: a per-job temporary one).
   checkpoint_location: Optional[str] = None
+  # Streaming reads: a micro-batch's budget (None: no limit) and how long
+  # one restriction may read in it.
+  records_per_batch: Optional[int] = DEFAULT_RECORDS_PER_BATCH
+  bytes_per_batch: Optional[int] = None
+  read_secs: float = DEFAULT_READ_SECS
   # The job's pipeline options as the Job API carries them, handed as they
   # are to SDK harnesses that run in their own processes.
   job_options: Optional[dict] = None
@@ -208,6 +254,9 @@ class RunnerOptions:
             DEFAULT_SPLIT_AFTER_SECS if split in (None, '') else float(split)),
         group_memory_mb=_optional_int(opt('group_memory_mb')),
         checkpoint_location=opt('checkpoint_location') or None,
+        **_read_budget(_optional_int(opt('max_records_per_batch')),
+                       _optional_int(opt('max_bytes_per_batch')),
+                       opt('max_read_secs')),
         job_options=dict(options))
 
   @classmethod
@@ -234,6 +283,8 @@ class RunnerOptions:
         group_memory_mb=ours.group_memory_mb,
         status_port=ours.status_port,
         checkpoint_location=ours.checkpoint_location or None,
+        **_read_budget(ours.max_records_per_batch, ours.max_bytes_per_batch,
+                       ours.max_read_secs),
         job_options={
             f'beam:option:{name}:v1': value
             for name, value in options.get_all_options(

@@ -16,6 +16,13 @@ again after a crash rewrites the same files, and any output that differs
 
 --kill-mid-batch: the task that meets element KILL_AT (in micro-batch 3)
 SIGKILLs this driver, once (a marker file in OUT_DIR says it happened).
+
+--source=sdf: the events come from an unbounded splittable DoFn instead
+(SHARDS restrictions, each RECORDS records at rising event times, each
+checkpointing itself every CHUNK records and reporting its watermark),
+read over many micro-batches under a small budget; the windows fire with
+the default trigger only (what the watermark decides, so any runner gives
+the same panes). The task that meets element SDF_KILL_AT kills the driver.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -35,6 +43,10 @@ from apache_beam.transforms import userstate
 from apache_beam.transforms import window
 from apache_beam.coders import VarIntCoder
 from apache_beam.io import fileio
+from apache_beam.io.restriction_trackers import OffsetRange
+from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
+from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.utils.timestamp import Timestamp
 
 KILL_AT = 301  # micro-batch 4 (the first holds only a watermark)
 BATCHES = 6
@@ -54,13 +66,54 @@ def test_stream():
   return stream.advance_watermark_to_infinity()
 
 
+SHARDS, RECORDS, CHUNK = 3, 24, 4
+SDF_KILL_AT = 112  # shard 1's record 12: micro-batch 3 or so
+# A micro-batch's budget in the sdf mode: many micro-batches.
+SDF_BUDGET = 12
+
+
+class _ShardProvider(beam.transforms.core.RestrictionProvider):
+  def initial_restriction(self, shard):
+    return OffsetRange(0, RECORDS)
+
+  def create_tracker(self, restriction):
+    return OffsetRestrictionTracker(restriction)
+
+  def restriction_size(self, shard, restriction):
+    return restriction.size()
+
+
+class _Shards(beam.DoFn):
+  """Shard s: records (k<s>, 100 s + i) at event time 10 i + s seconds."""
+  @beam.DoFn.unbounded_per_element()
+  def process(
+      self, shard,
+      tracker=beam.DoFn.RestrictionParam(_ShardProvider()),
+      estimator=beam.DoFn.WatermarkEstimatorParam(
+          ManualWatermarkEstimator.default_provider())):
+    position = tracker.current_restriction().start
+    for _ in range(CHUNK):
+      if not tracker.try_claim(position):
+        return
+      at = Timestamp(10 * position + shard)
+      estimator.set_watermark(at)
+      yield window.TimestampedValue((f'k{shard}', 100 * shard + position), at)
+      position += 1
+    tracker.defer_remainder()
+
+
+def sdf_events(p):
+  return p | beam.Create(list(range(SHARDS))) | beam.ParDo(_Shards())
+
+
 class _KillDriver(beam.DoFn):
-  def __init__(self, out_dir):
+  def __init__(self, out_dir, at=KILL_AT):
     self.out_dir = out_dir
+    self.at = at
 
   def process(self, element):
     marker = os.path.join(self.out_dir, 'killed')
-    if element[1] == KILL_AT and not os.path.exists(marker):
+    if element[1] == self.at and not os.path.exists(marker):
       with open(marker, 'w', encoding='utf-8') as f:
         f.write('mid-batch')
       with open(os.path.join(self.out_dir, 'driver.pid'),
@@ -115,16 +168,21 @@ class _WriteOnce(beam.DoFn):
     os.replace(tmp, os.path.join(directory, name))
 
 
-def build(p, out_dir, kill=False):
-  events = p | test_stream()
+def build(p, out_dir, kill=False, source='teststream'):
+  sdf = source == 'sdf'
+  events = sdf_events(p) if sdf else p | test_stream()
   if kill:
-    events = events | 'Kill' >> beam.ParDo(_KillDriver(out_dir))
-  windowed = events | beam.WindowInto(
-      window.FixedWindows(20),
-      trigger=trigger.AfterWatermark(
-          early=trigger.AfterCount(2), late=trigger.AfterCount(1)),
-      accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
-      allowed_lateness=30)
+    events = events | 'Kill' >> beam.ParDo(
+        _KillDriver(out_dir, SDF_KILL_AT if sdf else KILL_AT))
+  if sdf:
+    windowed = events | beam.WindowInto(window.FixedWindows(20))
+  else:
+    windowed = events | beam.WindowInto(
+        window.FixedWindows(20),
+        trigger=trigger.AfterWatermark(
+            early=trigger.AfterCount(2), late=trigger.AfterCount(1)),
+        accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+        allowed_lateness=30)
   _ = (events | 'Windows' >> beam.WindowInto(window.FixedWindows(20))
        | beam.Map(repr)
        | fileio.WriteToFiles(
@@ -144,32 +202,40 @@ def read_output(out_dir):
 
 
 def read_files(out_dir):
-  """The file sink's finished files: name -> sorted lines."""
+  """The file sink's finished files: destination and window -> the sorted
+  lines of its files. How many files a window gets (the names' -NNNNN-of-
+  NNNNN) is how many bundles wrote to it, which is the runner's business;
+  a line written twice or lost shows either way."""
   directory = os.path.join(out_dir, 'files')
   found = {}
   for name in os.listdir(directory):
     path = os.path.join(directory, name)
     if os.path.isfile(path):
       with open(path, encoding='utf-8') as f:
-        found[name] = sorted(f.read().splitlines())
-  return found
+        window = re.sub(r'-\d{5}-of-\d{5}$', '', name)
+        found.setdefault(window, []).extend(f.read().splitlines())
+  return {window: sorted(lines) for window, lines in found.items()}
 
 
 def main(argv):
   out_dir, checkpoint = argv[1], argv[2]
   kill = '--kill-mid-batch' in argv
+  source = 'sdf' if '--source=sdf' in argv else 'teststream'
   logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
   with open(os.path.join(out_dir, 'driver.pid'), 'w', encoding='utf-8') as f:
     f.write(str(os.getpid()))
   # Other flags are pipeline options (a cluster's master, Spark settings).
-  extra = [a for a in argv[3:] if a != '--kill-mid-batch']
+  extra = [a for a in argv[3:]
+           if a != '--kill-mid-batch' and not a.startswith('--source=')]
+  if source == 'sdf':
+    extra.append(f'--max_records_per_batch={SDF_BUDGET}')
   if not any(a.startswith('--spark_master_url') for a in extra):
     extra.append('--spark_master_url=local[2]')
   options = PipelineOptions([
       '--streaming', '--allow_unsafe_triggers',
       f'--checkpoint_location={checkpoint}'] + extra)
   with beam.Pipeline('beam_pyspark.PySparkRunner', options=options) as p:
-    build(p, out_dir, kill)
+    build(p, out_dir, kill, source)
 
 
 if __name__ == '__main__':

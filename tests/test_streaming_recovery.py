@@ -150,16 +150,32 @@ def test_committed_metrics_count_every_wave():
 # -- the driver killed ------------------------------------------------------------
 
 
-@pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-  out = tmp_path_factory.mktemp('direct')
-  options = PipelineOptions(['--streaming', '--allow_unsafe_triggers'])
-  with beam.Pipeline('DirectRunner', options=options) as p:
-    job.build(p, str(out))
-  expected = job.read_output(str(out)), job.read_files(str(out))
-  assert len(expected[0]) > 20, 'the reference is too small to judge by'
-  assert len(expected[1]) >= 3, 'the file sink wrote too little to judge by'
-  return expected
+_REFERENCES: dict = {}
+
+
+@pytest.fixture(scope='module', params=['teststream', 'sdf'])
+def source(request):
+  """What feeds the job: a TestStream with early and late firings, or an
+  unbounded splittable DoFn read over many micro-batches."""
+  return request.param
+
+
+@pytest.fixture
+def reference(tmp_path_factory, source):
+  """Beam's DirectRunner's output of the same pipeline: streaming for the
+  TestStream; for the splittable read (whose panes the watermark alone
+  decides) its batch mode, which reads each restriction to its end."""
+  if source not in _REFERENCES:
+    out = tmp_path_factory.mktemp('direct')
+    flags = (['--streaming', '--allow_unsafe_triggers']
+             if source == 'teststream' else [])
+    with beam.Pipeline('DirectRunner', options=PipelineOptions(flags)) as p:
+      job.build(p, str(out), source=source)
+    expected = job.read_output(str(out)), job.read_files(str(out))
+    assert len(expected[0]) > 20, 'the reference is too small to judge by'
+    assert len(expected[1]) >= 3, 'the file sink wrote too little to judge by'
+    _REFERENCES[source] = expected
+  return _REFERENCES[source]
 
 
 def _start(out, checkpoint, *flags):
@@ -186,14 +202,16 @@ def _resumed_after(err):
   return int(lines[-1].split(marker)[1].split(',')[0])
 
 
-def test_driver_killed_mid_batch_resumes_with_exact_output(tmp_path, reference):
+def test_driver_killed_mid_batch_resumes_with_exact_output(
+    tmp_path, reference, source):
   out, checkpoint = tmp_path / 'out', tmp_path / 'checkpoint'
   out.mkdir()
-  code, err = _finish(_start(out, checkpoint, '--kill-mid-batch'))
+  flags = ('--kill-mid-batch', f'--source={source}')
+  code, err = _finish(_start(out, checkpoint, *flags))
   assert code == -signal.SIGKILL, err[-3000:]
   assert (out / 'killed').exists()
   assert os.listdir(checkpoint / 'manifests'), 'nothing was committed'
-  code, err = _finish(_start(out, checkpoint, '--kill-mid-batch'))
+  code, err = _finish(_start(out, checkpoint, *flags))
   assert code == 0, err[-3000:]
   assert _resumed_after(err) >= 2
   assert (job.read_output(str(out)), job.read_files(str(out))) == reference
@@ -201,21 +219,22 @@ def test_driver_killed_mid_batch_resumes_with_exact_output(tmp_path, reference):
 
 
 def test_driver_killed_right_after_a_commit_resumes_with_exact_output(
-    tmp_path, reference):
+    tmp_path, reference, source):
   out, checkpoint = tmp_path / 'out', tmp_path / 'checkpoint'
   out.mkdir()
-  process = _start(out, checkpoint)
-  target = checkpoint / 'manifests' / '5'
+  process = _start(out, checkpoint, f'--source={source}')
+  batch = 5 if source == 'teststream' else 3
+  target = checkpoint / 'manifests' / str(batch)
   deadline = time.monotonic() + 300
   while not target.exists() and process.poll() is None:
-    assert time.monotonic() < deadline, 'batch 5 never committed'
+    assert time.monotonic() < deadline, f'batch {batch} never committed'
     time.sleep(0.002)
   process.send_signal(signal.SIGKILL)
   code, err = _finish(process)
   assert code == -signal.SIGKILL, f'the job ended before the kill:\n{err}'
-  code, err = _finish(_start(out, checkpoint))
+  code, err = _finish(_start(out, checkpoint, f'--source={source}'))
   assert code == 0, err[-3000:]
-  assert _resumed_after(err) >= 5
+  assert _resumed_after(err) >= batch
   assert (job.read_output(str(out)), job.read_files(str(out))) == reference
 
 

@@ -211,3 +211,57 @@ class BatchElementsStreamingOnPySpark(_OnPySpark, beam_ut.BatchElementsTest):
 
 
 del beam_tst, beam_ust, beam_ut
+
+
+# -- periodicsequence_test: unbounded reads -------------------------------------
+
+from apache_beam.transforms import periodicsequence_test as beam_pst  # pylint: disable=wrong-import-position
+
+
+class PeriodicSequenceOnPySpark(_OnPySpark, beam_pst.PeriodicSequenceTest):
+  """PeriodicSequence: an unbounded splittable DoFn whose restrictions
+  resume every fire interval, read across micro-batches."""
+
+
+class PeriodicImpulseOnPySpark(_OnPySpark, beam_pst.PeriodicImpulseTest):
+  """PeriodicImpulse, its timestamps, windows and side-input use."""
+
+  # Beam's two fuzzy tests run 30 pipelines each, with random lengths and
+  # intervals; a streaming pipeline here costs a few seconds of fixed
+  # start-up (its query, its first Spark jobs), so 30 of them take minutes
+  # of CI. The same pipelines, with FUZZY_DRAWS random draws each (the
+  # seed logged, as Beam's test does).
+  FUZZY_DRAWS = 4
+
+  def _fuzzy(self, interval_of):
+    import logging
+    import random
+    import time
+    from apache_beam.testing.util import assert_that
+    from apache_beam.testing.util import equal_to
+    from apache_beam.transforms.periodicsequence import PeriodicImpulse
+    from apache_beam.utils.timestamp import Timestamp
+    for _ in range(self.FUZZY_DRAWS):
+      seed = int(time.time() * 1000)
+      random.seed(seed)
+      data = list(range(int(random.randint(1, 100))))
+      interval = interval_of()
+      try:
+        with test_pipeline.TestPipeline() as p:
+          ret = p | PeriodicImpulse(
+              start_timestamp=Timestamp.now(), data=data,
+              fire_interval=interval)
+          assert_that(ret, equal_to(data))
+      except Exception:
+        logging.error('Error occurred at random seed=%d', seed)
+        raise
+
+  def test_fuzzy_length_and_interval(self):
+    import random
+    self._fuzzy(lambda: random.randint(1, 1000) / 1e6)
+
+  def test_fuzzy_length_at_minimal_interval(self):
+    self._fuzzy(lambda: 1e-6)
+
+
+del beam_pst

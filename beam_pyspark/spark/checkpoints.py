@@ -87,6 +87,12 @@ class JobCheckpoint:
     self._state_files: set[str] = set()  # written since the commit
     self._side_committed: dict[bytes, int] = {}
 
+  def stable_name(self, node: str) -> str:
+    return self._stable.get(node, node)
+
+  def local_name(self, node: str) -> str:
+    return self._local.get(node, node)
+
   def resumed(self) -> Optional[Resumed]:
     latest, book = self.book.latest, self.book
     if latest is None:

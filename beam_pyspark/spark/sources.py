@@ -1,26 +1,32 @@
 """A streaming job's sources and the Structured Streaming query that drives
 its micro-batches.
 
-The micro-batches (``streaming.teststream.TestStreamBatch``) are what the
-job's sources give at once: a TestStream's events up to its next watermark
-or processing-time advance, read inline or from its TestStreamService;
-for bounded sources, everything, in one.
-
-One Structured Streaming query per job drives them (``run_query``): its
-source (``MicroBatches``, a Python data source) offers one micro-batch per
-trigger, by index, and its ``foreachBatch`` runs the streaming engine over
-the micro-batches of each trigger. Spark keeps the query's offsets and
-commits under the job's checkpoint location (``query/``), the engine its
-state (``spark.checkpoints``): a query started again after a crash offers
-the trigger that had not committed once more, and the engine skips the
-micro-batches its own manifest says it committed. Spark's ``withWatermark``
-is never used: the engine keeps Beam's watermarks itself.
+One Structured Streaming query per job (``Query``): its source
+(``MicroBatches``, a Python data source) is the streaming client of the
+design documents. At each trigger it reads the engine's latest committed
+offer (its endpoints: the live restrictions of the job's splittable reads)
+and offers the next micro-batch when there is something to do, granting
+the trigger's record budget evenly over the endpoints ready to run
+(``streaming.endpoints``); a TestStream's events come one micro-batch per
+trigger too (``source_batches``). The query's ``foreachBatch`` runs the
+streaming engine over each. Spark keeps the query's offsets (with the
+grants and the trigger's time) and commits under the job's checkpoint
+location (``query/``), the engine its state (``spark.checkpoints``): a
+query started again after a crash offers the trigger that had not
+committed once more, with the same grants, and the engine skips
+micro-batches its own manifest says it committed. Spark's
+``withWatermark`` is never used: the engine keeps Beam's watermarks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import pickle
+import time
 from typing import Callable
+from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.utils.timestamp import Timestamp
@@ -30,6 +36,8 @@ from pyspark.sql.datasource import InputPartition
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.streaming import endpoints
 from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.streaming.teststream import teststream_batches
 
@@ -80,83 +88,186 @@ def read_test_stream_service(
   return inline
 
 
+def teststream_outputs(sc, ctx, stage: StagePlan,
+                       batch: TestStreamBatch) -> list:
+  """A micro-batch's elements of a TestStream: (output id, RDD of
+  (output id, chunk)) for each output with elements in it."""
+  from beam_pyspark.spark import tasks
+  payload = beam_runner_api_pb2.TestStreamPayload.FromString(
+      stage.read_payload)
+  outs = []
+  for out_id, tag in stage.output_tags.items():
+    events = batch.elements.get(tag)
+    if events:
+      outs.append((out_id, sc.parallelize(events, 1).mapPartitions(
+          tasks.TestStreamElements(ctx, payload.coder_id,
+                                   stage.element_coders[out_id]))
+                   .map(tasks.Tag(out_id))))
+  return outs
+
+
 # -- the query ----------------------------------------------------------------
+
+# A file under the checkpoint location telling the source to offer no more
+# micro-batches (the job is cancelled, or its engine has finished).
+STOP_MARKER = 'query-stop'
 
 
 class _MicroBatchReader(DataSourceStreamReader):
-  """Offsets are micro-batch indices; one new micro-batch per trigger."""
-  def __init__(self, count: int):
-    self.count = count
+  """The streaming client of the design documents, as a Spark source.
+
+  Offsets are micro-batches: {'batch': index, 'time': wall-clock micros
+  the trigger was decided at, 'grants': {endpoint id: records}}. At each
+  trigger it re-reads the job's latest committed offer (the endpoints the
+  engine's manifest holds, streaming.endpoints) and offers the next
+  micro-batch when there is something to do: a TestStream batch not yet
+  run, endpoints ready to read (granted the trigger's budget), a
+  processing-time timer due; else it returns ``start`` and Spark runs no
+  batch. It runs in a Python process of Spark's on the driver, not the
+  engine's: files are all it shares with the engine.
+  """
+  def __init__(self, options: dict):
+    self.location = options['location']
+    self.teststream = int(options.get('teststream', '0'))
+    self.wall_clock = options.get('wall_clock') == 'true'
+    budget = int(options.get('budget', '0'))
+    self.budget = budget if budget > 0 else None
+    byte_budget = int(options.get('byte_budget', '0'))
+    self.byte_budget = byte_budget if byte_budget > 0 else None
+    self._cached: Optional[tuple[int, dict]] = None
 
   def initialOffset(self) -> dict:
-    return {'batch': -1}
+    return {'batch': -1, 'time': 0, 'grants': {}}
+
+  def getDefaultReadLimit(self):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+    return ReadAllAvailable() if self.budget is None else ReadMaxRows(
+        self.budget)
 
   def latestOffset(self, start=None, limit=None) -> dict:
-    last = self.count - 1
-    if start is None:
-      return {'batch': last}
-    return {'batch': min(start['batch'] + 1, last)}
+    start = start or self.initialOffset()
+    batch = start['batch']
+    now = time.time_ns() // 1000
+    if batch < 0:
+      return {'batch': 0, 'time': now, 'grants': {}}
+    if os.path.exists(os.path.join(self.location, STOP_MARKER)):
+      return start
+    offer = self._offer(batch)
+    if offer.get('finished'):
+      return start
+    budget = getattr(limit, 'max_rows', self.budget)
+    granted = endpoints.grants(
+        offer.get('endpoints', {}), budget, now, rotate=batch + 1)
+    due = offer.get('next_processing')
+    if (batch + 1 < self.teststream or granted or
+        (self.wall_clock and due is not None and due <= now)):
+      return {'batch': batch + 1, 'time': now, 'grants': granted}
+    return start
+
+  def _offer(self, batch: int) -> dict:
+    """The latest committed manifest's offer; it must be of ``batch``
+    (Spark asks for the next trigger once the last one ran, and our
+    commit is part of running it): an older one is stale metadata, and
+    fails the query rather than offering from it."""
+    directory = os.path.join(self.location, 'manifests')
+    names = [int(n) for n in os.listdir(directory) if n.isdigit()]
+    latest = max(names, default=-1)
+    if latest < batch:
+      raise PipelineExecutionError(
+          f'The streaming source\'s metadata is stale: Spark ran '
+          f'micro-batch {batch}, but the latest committed manifest under '
+          f'{directory} is {latest if latest >= 0 else "none"}. The '
+          'checkpoint location was changed or damaged while the job ran.')
+    if self._cached is None or self._cached[0] != latest:
+      with open(os.path.join(directory, str(latest)), 'rb') as f:
+        manifest = pickle.load(f)
+      self._cached = (latest, manifest.driver.get('offer', {}))
+    return self._cached[1]
 
   def partitions(self, start: dict, end: dict):
-    return [InputPartition(i)
+    return [InputPartition((i, end['time'], json.dumps(end['grants'])))
             for i in range(start['batch'] + 1, end['batch'] + 1)]
 
   def read(self, partition):
-    yield (partition.value,)
+    yield partition.value
 
   def commit(self, end: dict) -> None:
     pass
 
 
 class MicroBatches(DataSource):
-  """The micro-batch indices of a job, ``count`` of them (an option)."""
+  """A job's micro-batches (options: its checkpoint location, TestStream
+  batches, whether processing time is the wall clock, the budgets)."""
   @classmethod
   def name(cls) -> str:
     return SOURCE_NAME
 
   def schema(self) -> str:
-    return 'batch int'
+    return 'batch int, time long, grants string'
 
   def streamReader(self, schema):
-    return _MicroBatchReader(int(self.options['count']))
+    return _MicroBatchReader(dict(self.options))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trigger:
+  """One micro-batch as the source offered it."""
+  batch: int
+  time: int  # wall-clock micros the trigger was decided at
+  grants: dict  # endpoint id -> records (None: no limit)
 
 
 class Query:
-  """A job's query: runs ``run_batch(index)`` for each micro-batch, in
-  order, on a thread of Spark's, and waits for the last. A batch that
-  raises (a cancelled job's does) ends the query: stopping a query while
-  its foreachBatch runs can kill Spark's stream thread (DESIGN.md, traps),
-  so ``stop()`` is called only once it is idle or over."""
-  def __init__(self, sc, job_id: str, count: int, location: str,
-               run_batch: Callable[[int], None]):
-    self.sc, self.job_id, self.count = sc, job_id, count
+  """A job's query: runs ``run_batch(Trigger)`` for each micro-batch, in
+  order, on a thread of Spark's, until ``finished()`` or ``stopping()``
+  (cancel) says so, and the query is idle. A batch that raises (a
+  cancelled job's does) ends the query: stopping a query while its
+  foreachBatch runs can kill Spark's stream thread (DESIGN.md, traps), so
+  ``stop()`` is called only once it is idle or over."""
+  def __init__(self, sc, job_id: str, location: str,
+               run_batch: Callable[[Trigger], None],
+               finished: Callable[[], bool], stopping: Callable[[], bool],
+               options: dict):
+    self.sc, self.job_id = sc, job_id
+    self.root = location
     self.location = os.path.join(location, 'query')
     self.run_batch = run_batch
+    self.finished, self.stopping = finished, stopping
+    self.options = options
     self._errors: list[BaseException] = []
 
   def run(self) -> None:
-    if self.count == 0:
-      return
     from pyspark.sql import SparkSession
+    _remove(os.path.join(self.root, STOP_MARKER))
     spark = SparkSession(self.sc)
     spark.dataSource.register(MicroBatches)
+    reader = spark.readStream.format(SOURCE_NAME).option(
+        'location', self.root)
+    for key, value in self.options.items():
+      reader = reader.option(key, str(value))
     query = (
-        spark.readStream.format(SOURCE_NAME)
-        .option('count', str(self.count)).load()
-        .writeStream.queryName(f'beam-{self.job_id}')
+        reader.load().writeStream.queryName(f'beam-{self.job_id}')
         .foreachBatch(self._each)
         .option('checkpointLocation', self.location).start())
     try:
-      query.processAllAvailable()
-    except Exception:  # pylint: disable=broad-except
-      if not self._errors:
-        raise
+      while query.isActive and not self._errors:
+        if self.finished() or self.stopping():
+          # No batch is offered after this; wait for the running one.
+          _touch(os.path.join(self.root, STOP_MARKER))
+          if not query.status['isTriggerActive']:
+            break
+        try:
+          query.awaitTermination(POLL_SECS)
+        except Exception:  # pylint: disable=broad-except
+          if not self._errors:
+            raise
     finally:
-      # Idle (every batch done) or over (one failed) by now.
       try:
         query.stop()
       except Exception:  # pylint: disable=broad-except
         pass
+      _remove(os.path.join(self.root, STOP_MARKER))
     if self._errors:
       # The engine's own error (a user's traceback), not Spark's wrapping.
       raise self._errors[0]
@@ -168,8 +279,24 @@ class Query:
       # foreachBatch runs on a thread of its own: the job's Spark jobs
       # belong to its group there too (Cancel).
       self.sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
-      for index in sorted(row.batch for row in frame.collect()):
-        self.run_batch(index)
+      for row in sorted(frame.collect(), key=lambda r: r.batch):
+        self.run_batch(Trigger(row.batch, row.time, json.loads(row.grants)))
     except BaseException as exn:  # pylint: disable=broad-except
       self._errors.append(exn)
       raise
+
+
+# How often the driver looks whether the query should end.
+POLL_SECS = 0.05
+
+
+def _touch(path: str) -> None:
+  with open(path, 'a'):
+    pass
+
+
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except FileNotFoundError:
+    pass

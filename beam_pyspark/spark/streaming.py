@@ -1,40 +1,38 @@
 """The streaming engine: a plan run in micro-batches, each in waves.
 
-A micro-batch is what the sources give at once (``spark.sources``): a
-TestStream's elements up to its next watermark or processing-time
-advance, or everything bounded sources hold, in one. One Structured
-Streaming query per job runs them, ``_run_batch`` as its foreachBatch.
+A micro-batch is what one trigger of the job's query offers
+(``spark.sources``): a TestStream's elements up to its next advance, and
+records granted to the live restrictions of its splittable reads
+(``spark.streamreads``); the first also runs what bounded sources hold.
 Within a batch the plan runs in *waves*: one pass over the stages in
 producer order, each handed what its producers wrote in that wave, at the
-clocks computed before it (input and output watermarks, processing time).
-Between waves the driver moves the watermarks (``streaming.watermarks``,
-Prism's rules, with the holds keyed tasks report) and runs another wave
-while a keyed stage has timers due: a GroupByKey whose windows the
-watermark closed, a stateful DoFn's event- or processing-time timers.
+clocks computed before it. Between waves the driver moves the watermarks
+(``streaming.watermarks``, Prism's rules, with the holds tasks report:
+keyed state, timers, held-back main input, restrictions yet to read) and
+runs another wave while a keyed stage has timers due.
 
 Keyed work keeps state between waves (``worker.streaming``): a GroupByKey
 runs Beam's trigger driver per key, a stateful stage its user state and
-timers; each partition writes what it changed under the checkpoint
-location and reports its state's new chain of files
-(``worker.statestore``), its holds and when its next timers are due. Side
-inputs are all their PCollection produced so far. Partitions are fixed
-for the job's life (crc32 of the encoded key, as in batch).
+timers, each partition's changes written under the checkpoint location
+(``worker.statestore``). Side inputs are all their PCollection produced so
+far. Partitions are fixed for the job's life (crc32 of the encoded key).
 
-Cancel fails the running batch at its next Spark action, which ends the
-query (``Query.stop`` only ever stops an idle query). After the last batch the
-sources are exhausted: their watermarks go to +inf, processing time too,
-and waves run until nothing is due.
-
-After each batch the driver commits it (``spark.checkpoints``); a driver
-started again with the same pipeline and location resumes after the last
-committed batch (the one it died in runs again from the committed state).
+After each batch the driver commits it (``spark.checkpoints``), then the
+bundles waiting for that commit are finalized; a driver started again with
+the same pipeline and location resumes after the last committed batch.
+Cancel fails the running batch at its next Spark action (``Query`` only
+ever stops an idle query). Once the sources are exhausted, their
+watermarks and processing time go to +inf, and waves run until nothing is
+due.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from typing import Optional
 
+from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 from apache_beam.runners.portability.fn_api_runner import translations as tr
@@ -48,20 +46,27 @@ from beam_pyspark.spark.checkpoints import JobCheckpoint
 from beam_pyspark.spark.checkpoints import default_location
 from beam_pyspark.spark.checkpoints import stable_node_names
 from beam_pyspark.spark.partitioning import shuffle_chunks
-from beam_pyspark.spark.sources import Query
-from beam_pyspark.spark.sources import source_batches
+from beam_pyspark.spark import sources
+from beam_pyspark.spark import streamreads
+from beam_pyspark.spark.stagegraph import StageGraph
+from beam_pyspark.spark.stagegraph import group_node
 from beam_pyspark.spark.translate import SparkPipelineJob
 from beam_pyspark.streaming import MAX_MICROS
 from beam_pyspark.streaming.checkpoints import fingerprint
 from beam_pyspark.streaming.teststream import TestStreamBatch
-from beam_pyspark.streaming.watermarks import WatermarkGraph
 from beam_pyspark.worker.streaming import HELD_TAG
 from beam_pyspark.worker.streaming import REPORT_TAG
 from beam_pyspark.worker.streaming import Clocks
+from beam_pyspark.worker.streaming import is_control
+from beam_pyspark.worker.streaming import is_data
+
+_DETAILED = beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_DETAILED
 
 # Waves in one settling of the watermarks before the job is failed: timers
 # that keep setting timers due at once never settle.
 MAX_WAVES = 10000
+
+
 def create_streaming_engine(plan, job_id, options, log):
   """The streaming engine (engine.ENGINES) on the user's running
   SparkContext, or one started for ``options``."""
@@ -70,29 +75,12 @@ def create_streaming_engine(plan, job_id, options, log):
   return StreamingPipelineJob(sc, plan, job_id, options, log)
 
 
-_CONTROL_TAGS = (REPORT_TAG, HELD_TAG)
-
-
-def _is_control(record) -> bool:
-  """A task's report or held-back element, not data."""
-  return type(record) is tuple and record[0] in _CONTROL_TAGS
-
-
-def _is_data(record) -> bool:
-  return not _is_control(record)
-
-
-def _group_node(buffer_id: bytes) -> str:
-  return 'gbk:' + buffer_id.decode('utf-8', 'replace')
-
-
 class StreamingPipelineJob(SparkPipelineJob):
   """Runs one plan as a streaming job (an engine.Engine)."""
   def __init__(self, sc, plan, job_id, options=None, log=None):
     super().__init__(sc, plan, job_id, options, log)
-    self._graph = WatermarkGraph()
-    self._sources: list[str] = []  # nodes exhausted after the first wave
-    self._tag_nodes: dict[str, str] = {}  # TestStream tag -> its node
+    self._nodes = StageGraph(plan, self._producers)
+    self._graph = self._nodes.graph
     # node -> partition -> its state's chain of files.
     self._states: dict[str, dict[int, tuple]] = collections.defaultdict(dict)
     self._next_event: dict[str, dict[int, int]] = collections.defaultdict(
@@ -111,61 +99,37 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._waves = 0
     self._batch: Optional[TestStreamBatch] = None
     self._batches: list[TestStreamBatch] = []
+    self._teststream = any(s.kind == 'teststream' for s in plan.stages)
     self._committed = -1  # the last micro-batch committed
-    self._query: Optional[Query] = None
+    # The live restrictions of splittable stages between micro-batches.
+    self._reads = streamreads.StreamReads(plan, self.options)
+    self._endpoints = self._reads.book
+    self._finished = False
+    self._deferred_seen = 0
+    self._log = streamreads.BatchLog()
+    self._query: Optional[sources.Query] = None
     self._checkpoint: Optional[JobCheckpoint] = None
-    self._build_graph()
 
   def describe(self) -> str:
     return f'Spark {self.sc.master}, streaming'
 
+  def streaming_status(self) -> dict:
+    """Watermarks, live restrictions and the last micro-batches, for the
+    status page (engine.OPTIONAL_METHODS)."""
+    return streamreads.streaming_status(
+        self._graph.snapshot(), self._nodes.display_names(), self._endpoints,
+        self._log, self._reads.last_grants)
+
+  def _open(self) -> None:
+    super()._open()
+    self._ctx.deferred = self.sc.accumulator(0)
+
+  def _may_split(self, stage: StagePlan) -> bool:
+    # Streaming reads are checkpointed by their limits instead
+    # (worker.endpoints): what is left runs in a later micro-batch.
+    return False
+
   # -- the watermark graph ------------------------------------------------------
-
-  def _node_of(self, stage: StagePlan, output_id: str) -> str:
-    if stage.kind == 'teststream':
-      return f'{stage.name}#{stage.output_tags[output_id]}'
-    return stage.name
-
-  def _written(self, buffer_id: bytes) -> list[str]:
-    """The graph's edges of the stages writing ``buffer_id``."""
-    return sorted({
-        f'{self._node_of(s, out)} -> {buffer_id!r}'
-        for s in self._producers.get(buffer_id, ())
-        for out, b in s.outputs.items() if b == buffer_id})
-
-  def _readers_wait_for(self, buffer_id: bytes) -> list[str]:
-    """The graph's edges a reader of ``buffer_id`` waits for."""
-    if tr.split_buffer_id(buffer_id)[0] == 'group':
-      return [_group_node(buffer_id) + ' out']
-    return self._written(buffer_id)
-
-  def _build_graph(self) -> None:
-    graph = self._graph
-    for stage in self.plan.stages:
-      if stage.kind == 'teststream':
-        for out, tag in stage.output_tags.items():
-          node = self._node_of(stage, out)
-          if node not in self._tag_nodes.values():
-            edges = [
-                f'{node} -> {b!r}' for o, b in stage.outputs.items()
-                if stage.output_tags[o] == tag]
-            graph.add_stage(node, outputs=sorted(set(edges)), source=True)
-            self._tag_nodes[tag] = node
-        continue
-      inputs = [e for b in stage.inputs.values() if b != IMPULSE_BUFFER
-                for e in self._readers_wait_for(b)]
-      sides = [e for si in stage.side_inputs for e in self._readers_wait_for(si.buffer_id)]
-      outputs = sorted({f'{stage.name} -> {b!r}'
-                        for b in stage.outputs.values()})
-      graph.add_stage(stage.name, inputs, outputs, sides, source=not inputs)
-      if not inputs:
-        self._sources.append(stage.name)
-    for buffer_id in self.plan.groups:
-      node = _group_node(buffer_id)
-      inputs = self._written(buffer_id)
-      graph.add_stage(node, inputs, [node + ' out'], source=not inputs)
-      if not inputs:
-        self._sources.append(node)
 
   def _clocks(self, node: str) -> Clocks:
     return Clocks(
@@ -173,12 +137,7 @@ class StreamingPipelineJob(SparkPipelineJob):
         self._arrival, self._now)
 
   def _side_watermarks(self, stage: StagePlan) -> dict:
-    """(transform id, tag) -> the watermark of each side input's buffer."""
-    return {
-        (si.transform_id, si.tag): min(
-            (self._graph.pcollection_watermark(e)
-             for e in self._readers_wait_for(si.buffer_id)), default=MAX_MICROS)
-        for si in stage.side_inputs}
+    return self._nodes.side_watermarks(stage)
 
   def _retry_held(self, stage: StagePlan) -> bool:
     """Whether a stage holds main input its side inputs may now be ready
@@ -228,10 +187,20 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _run_batches(self) -> None:
     self._committed = self._resume()
-    self._batches = source_batches(self.plan)
+    self._batches = (sources.source_batches(self.plan)
+                     if self._teststream else [])
     self._check_cancelled()
-    self._query = Query(self.sc, self.job_id, len(self._batches),
-                        self._checkpoint.path, self._run_batch)
+    options = self.options
+    self._query = sources.Query(
+        self.sc, self.job_id, self._checkpoint.path, self._run_batch,
+        finished=lambda: self._finished, stopping=self._cancelled.is_set,
+        options={
+            'teststream': len(self._batches),
+            # Processing time is the TestStream's, else the wall clock's.
+            'wall_clock': 'false' if self._teststream else 'true',
+            'budget': options.records_per_batch or 0,
+            'byte_budget': options.bytes_per_batch or 0,
+        })
     try:
       self._query.run()
     except Exception:  # pylint: disable=broad-except
@@ -245,28 +214,55 @@ class StreamingPipelineJob(SparkPipelineJob):
     if not self._graph.done:
       self.log('The streaming job ended with watermarks held back: '
                f'{self._graph.snapshot()}')
+    self._finalize_committed(final=True)
 
-  def _run_batch(self, index: int) -> None:
-    """Micro-batch ``index``: its elements in a wave, its watermarks and
+  def _run_batch(self, trigger: sources.Trigger) -> None:
+    """Micro-batch ``trigger.batch``: its elements (a TestStream's) and the
+    endpoints it grants records to in a wave, its watermarks and
     processing time applied, waves until nothing is due, its commit."""
+    index = trigger.batch
     if index <= self._committed:
       return  # committed before the driver started again
     self._check_cancelled()
-    batch = self._batch = self._batches[index]
+    if index < len(self._batches):
+      batch = self._batches[index]
+    else:
+      # Processing time is the trigger's (durable in Spark's offset log),
+      # or the TestStream's last.
+      now = self._now if self._teststream else max(self._now, trigger.time)
+      batch = TestStreamBatch({}, {}, now, now)
+    self._batch = batch
+    started, waves = time.monotonic(), self._waves
     self._arrival = self._now = max(self._now, batch.arrival_time)
+    granted = self._reads.grant(trigger.grants)
     self._wave()
     self._batch = None
+    self._reads.wave_done()
     if self._first_wave:
       self._first_wave = False
-      for node in self._sources:
+      for node in self._nodes.sources:
         self._graph.set_source(node, MAX_MICROS)
     for tag, watermark in batch.watermarks.items():
-      if tag in self._tag_nodes:
-        self._graph.set_source(self._tag_nodes[tag], watermark)
+      if tag in self._nodes.tag_nodes:
+        self._graph.set_source(self._nodes.tag_nodes[tag], watermark)
     self._now = max(self._now, batch.processing_time)
     self._settle()
+    self._finished = index >= len(self._batches) - 1 and not self._endpoints
     self._commit(index)
     self._committed = index
+    self._finalize_committed()
+    self.log(self._log.add(index, time.monotonic() - started,
+                           self._waves - waves, trigger.grants, granted,
+                           self._endpoints), _DETAILED)
+
+  def _finalize_committed(self, final: bool = False) -> None:
+    """Once a micro-batch committed: the bundles waiting for it."""
+    deferred = self._ctx.deferred.value
+    if deferred != self._deferred_seen:
+      self._deferred_seen = deferred
+      committed = MAX_MICROS if final else self._committed
+      self._action(lambda: streamreads.finalize_committed(
+          self.sc, self.job_id, committed))
 
   def _settle(self) -> None:
     """Moves the watermarks and runs waves until nothing is due."""
@@ -314,6 +310,8 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _runs(self, stage: StagePlan) -> bool:
     """Whether ``stage`` has anything to do in this wave."""
+    if stage.name in self._reads.granted:
+      return True
     if stage.kind == 'teststream':
       batch = self._batch
       return batch is not None and any(
@@ -330,7 +328,7 @@ class StreamingPipelineJob(SparkPipelineJob):
   def _has_data(self, buffer_id: bytes) -> bool:
     if tr.split_buffer_id(buffer_id)[0] == 'group':
       return bool(self._producer_rdds.get(buffer_id)) or self._due(
-          _group_node(buffer_id))
+          group_node(buffer_id))
     return bool(self._producer_rdds.get(buffer_id))
 
   # -- the checkpoint -------------------------------------------------------------
@@ -350,11 +348,15 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._held = dict(driver['held'])
     self._held_at = dict(driver['held_at'])
     self._first_wave = driver['first_wave']
+    self._finished = driver['offer']['finished']
     self._now, self._arrival = driver['now'], driver['arrival']
     self._ctx.metrics.add(driver['metrics'])
     for node, chains in resumed.states.items():
       self._states[node].update(chains)
     self._side_history = resumed.side_inputs
+    for node, hold in self._reads.restore(
+        driver['endpoints'], self._checkpoint.local_name).items():
+      self._graph.set_hold(node, 'endpoints', hold)
     self.log(f'Resuming after micro-batch {resumed.batch}, the last one '
              f'committed to {self._checkpoint.path}.')
     return resumed.batch
@@ -376,6 +378,8 @@ class StreamingPipelineJob(SparkPipelineJob):
         'now': self._now,
         'arrival': self._arrival,
         'metrics': metrics,
+        'endpoints': self._endpoints.renamed(self._checkpoint.stable_name),
+        'offer': self._reads.offer(self._next_processing, self._finished),
     }, self._states, self._side_history)
 
   # -- stages -------------------------------------------------------------------
@@ -387,22 +391,11 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _test_stream(self, stage: StagePlan):
     """This batch's elements of a TestStream, per output."""
-    outs = []
-    for out_id, tag in stage.output_tags.items():
-      events = self._batch.elements.get(tag)
-      if not events:
-        continue
-      payload = beam_runner_api_pb2.TestStreamPayload.FromString(
-          stage.read_payload)
-      rdd = (
-          self.sc.parallelize(events, 1).mapPartitions(
-              tasks.TestStreamElements(self._ctx, payload.coder_id,
-                                       stage.element_coders[out_id]))
-          .map(tasks.Tag(out_id)))
-      outs.append(rdd)
+    outs = sources.teststream_outputs(self.sc, self._ctx, stage, self._batch)
+    for out_id, rdd in outs:
       self._producer_rdds.setdefault(stage.outputs[out_id], []).append(
           rdd.map(tasks.untag))
-    return self._union(outs) if outs else None
+    return self._union([rdd for _, rdd in outs]) if outs else None
 
   def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
     node = stage.name
@@ -411,20 +404,28 @@ class StreamingPipelineJob(SparkPipelineJob):
     if stage.side_inputs and not stage.stateful:
       side_watermarks = self._side_watermarks(stage)
       self._held_at[node] = tuple(sorted(side_watermarks.items()))
+    limits = self._reads.limits(node)
     wave = tasks.StreamWave(node, self._clocks(node), states,
                             self._checkpoint.path, side_watermarks,
-                            serial=self._waves)
+                            serial=self._waves, batch=self._committed + 1,
+                            committed=self._committed, limits=limits)
     return tasks.RunStage(self._ctx, stage, side, group_outputs, wave)
 
   def _extra_inputs(self, stage: StagePlan) -> list:
-    """Main input held back earlier, tried again."""
+    """Main input held back earlier, tried again; the endpoints granted
+    records in this micro-batch, one per partition (so in a task each)."""
+    extra = []
     held = self._held.pop(stage.name, None)
-    if not held:
-      return []
-    return [self.sc.parallelize(held, 1)]
+    if held:
+      extra.append(self.sc.parallelize(held, 1))
+    granted = self._reads.granted_records(stage)
+    if granted:
+      extra.append(self.sc.parallelize(granted, len(granted)))
+    return extra
 
   def _register_outputs(self, stage: StagePlan, out) -> None:
-    if stage.kind == 'sdk' and (stage.stateful or stage.side_inputs):
+    if stage.kind == 'sdk' and (stage.stateful or stage.side_inputs or
+                                stage.name in self._reads.splittable):
       out = self._keyed_output(stage.name, out)
     super()._register_outputs(stage, out)
 
@@ -454,7 +455,7 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _group(self, buffer_id: bytes):
     """A GroupByKey's reduce side in this wave: its new records, its state."""
-    node = _group_node(buffer_id)
+    node = group_node(buffer_id)
     producers = self._producer_rdds.get(buffer_id, [])
     if producers:
       records = shuffle_chunks(self._union(producers), self._parallelism)
@@ -472,9 +473,14 @@ class StreamingPipelineJob(SparkPipelineJob):
     its data is read from the persisted output."""
     out = out.persist()
     self._persisted.append(out)
-    control = self._action(out.filter(_is_control).collect)
+    control = self._action(out.filter(is_control).collect)
     reports = [record for tag, record in control if tag == REPORT_TAG]
     held = [record for tag, record in control if tag == HELD_TAG]
+    if node in self._reads.splittable:
+      # The stage's output waits for what its restrictions have yet to
+      # read (the granted ones' residuals are back in the book by now).
+      self._graph.set_hold(node, 'endpoints',
+                           self._reads.residuals(node, control))
     if held:
       self._held[node] = [(t, element) for t, element, _ in held]
     self._graph.set_hold(node, 'held', min(
@@ -491,12 +497,11 @@ class StreamingPipelineJob(SparkPipelineJob):
       self._graph.set_hold(node, ('partition', p), report.hold)
       _set(self._next_event[node], p, report.next_event)
       _set(self._next_processing[node], p, report.next_processing)
-    return out.filter(_is_data)
+    return out.filter(is_data)
 
   def _chains(self, node: str) -> dict:
     """Each partition's state chain (a few names: tasks read the files)."""
     return dict(self._states.get(node) or {})
-
   def _collect(self, buffer_id: bytes) -> list[bytes]:
     """A side input: everything its PCollection produced so far."""
     history = self._side_history.setdefault(buffer_id, [])

@@ -34,6 +34,8 @@ from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.shuffle.grouping import group_values
 from beam_pyspark.worker.setup.logs import capture_logs
 from beam_pyspark.worker.runtime import job_runtime
+from beam_pyspark.worker import endpoints
+from beam_pyspark.worker import finalization
 from beam_pyspark.worker import statestore
 from beam_pyspark.worker import streaming
 from beam_pyspark.worker.state import StoredState
@@ -72,6 +74,9 @@ class TaskContext:
   # Whether Python workers also log to their stderr: on a local master that
   # is the user's console, where the job's messages already show them.
   worker_console_logs: bool = True
+  # Streaming: Accumulator[int] of bundles whose finalization waits for
+  # their micro-batch's commit (worker.finalization).
+  deferred: object = None
 
   def runtime(self):
     # Executors of a local master share the driver's file system: make the
@@ -168,13 +173,29 @@ class NotTag:
 
 
 class ReleaseJob:
-  """foreach: stop the job's harnesses in this Python worker."""
-  def __init__(self, job_id: str):
+  """foreach: stop the job's harnesses in this Python worker; first, for a
+  job that succeeded, finalize its bundles still waiting (streaming)."""
+  def __init__(self, job_id: str, succeeded: bool = False):
     self.job_id = job_id
+    self.succeeded = succeeded
 
   def __call__(self, _):
+    if self.succeeded:
+      finalization.run_committed(self.job_id, float('inf'))
+    finalization.drop(self.job_id)
     harnesses.release_job(self.job_id)
     statestore.release(self.job_id)
+
+
+class FinalizeCommitted:
+  """foreach: finalize the job's bundles of committed micro-batches that
+  wait in this Python worker (worker.finalization)."""
+  def __init__(self, job_id: str, committed: int):
+    self.job_id = job_id
+    self.committed = committed
+
+  def __call__(self, _):
+    finalization.run_committed(self.job_id, self.committed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +213,12 @@ class StreamWave:
   # The wave's number in the job (its tasks' metric reports are told apart
   # from the same partition's in other waves by it).
   serial: int = 0
+  # The micro-batch it belongs to, and the last one committed (bundles of
+  # committed ones still waiting in this Python worker are finalized).
+  batch: int = 0
+  committed: int = -1
+  # A splittable stage's limits per bundle (worker.endpoints).
+  limits: Optional[endpoints.Limits] = None
 
   def store(self, job_id: str, partition: int) -> statestore.PartitionStore:
     return statestore.PartitionStore(
@@ -242,6 +269,10 @@ class RunStage:
       clocks = wave.clocks
       streamed['clocks'] = (Timestamp(micros=clocks.input_watermark),
                             Timestamp(micros=clocks.processing_time))
+      finalization.run_committed(ctx.job_id, wave.committed)
+      streamed['defer_finalization'] = functools.partial(
+          _defer, ctx, wave.batch)
+      streamed['limits'] = wave.limits
       if stage.stateful:
         store = wave.store(ctx.job_id, index)
         kept = streaming.load_stage_state(runtime, stage, store)
@@ -307,6 +338,12 @@ class RunStage:
         # error (with the user's traceback) reaches the job another way.
         if ctx.logs is not None:
           ctx.logs.add(captured.entries())
+
+
+def _defer(ctx: TaskContext, batch: int, harness, instruction_id: str):
+  finalization.defer(ctx.job_id, batch, harness, instruction_id)
+  if ctx.deferred is not None:
+    ctx.deferred.add(1)
 
 
 class StreamGroup:

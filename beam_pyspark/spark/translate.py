@@ -99,6 +99,7 @@ class SparkPipelineJob:
         si.buffer_id for s in plan.stages for si in s.side_inputs}
     self._broadcasts: list = []
     self._group_budget = group_budget(sc, self.options.group_memory_mb)
+    self._succeeded = False
 
   # -- public ---------------------------------------------------------------
 
@@ -106,6 +107,7 @@ class SparkPipelineJob:
     try:
       self._open()
       self._execute()
+      self._succeeded = True
     finally:
       self._close()
 
@@ -194,13 +196,14 @@ class SparkPipelineJob:
     worker that gets none stops them when idle (worker.harnesses.IDLE_SECS).
     """
     slots = 2 * max(1, self.sc.defaultParallelism)
-    sc, job_id = self.sc, self.job_id
+    sc, job_id, succeeded = self.sc, self.job_id, self._succeeded
 
     def release():
       try:
         sc.setJobGroup(
             f'{job_id}-release', f'Beam job {job_id}: release', True)
-        sc.parallelize(range(slots), slots).foreach(tasks.ReleaseJob(job_id))
+        sc.parallelize(range(slots), slots).foreach(
+            tasks.ReleaseJob(job_id, succeeded))
       except Exception:  # pylint: disable=broad-except
         # A context stopped meanwhile took the harnesses with its workers.
         stopped = getattr(sc, '_jsc', None) is None

@@ -27,17 +27,23 @@ def even_shares(budget: int, n: int) -> list[int]:
 
 def split_budget(
     budget: int,
-    backlogs: Mapping[Hashable, Optional[int]]) -> dict[Hashable, int]:
+    backlogs: Mapping[Hashable, Optional[int]],
+    rotate: int = 0) -> dict[Hashable, int]:
   """Grants per endpoint for one trigger.
 
   ``backlogs``: endpoint -> records it holds (None: unknown, take any share;
-  0: none now). Endpoints are ordered by key so that the same endpoints
-  and budget give the same grants on a replay. The grants sum to at most
-  ``budget``; an endpoint never gets more than its known backlog.
+  0: none now). Endpoints are ordered by key, turned by ``rotate`` places
+  (who gets the remainder's extra record first), so that the same
+  endpoints, budget and rotation give the same grants on a replay. The
+  grants sum to at most ``budget``; an endpoint never gets more than its
+  known backlog.
   """
   grants = {endpoint: 0 for endpoint in backlogs}
   open_ = sorted((e for e, b in backlogs.items() if b is None or b > 0),
                  key=repr)
+  if open_:
+    turn = rotate % len(open_)
+    open_ = open_[turn:] + open_[:turn]
   left = max(0, budget)
   while open_ and left > 0:
     shares = even_shares(left, len(open_))

@@ -37,6 +37,7 @@ from beam_pyspark.options import DEFAULT_SPLIT_AFTER_SECS
 from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.streaming.timers import TimerTable
+from beam_pyspark.worker import endpoints
 from beam_pyspark.worker import harnesses
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
@@ -123,7 +124,9 @@ class StageRunner:
       split_after_secs: float = DEFAULT_SPLIT_AFTER_SECS,
       state_backend: Optional[StateBackend] = None,
       timers: Optional[TimerTable] = None,
-      clocks: Optional[tuple[Timestamp, Timestamp]] = None):
+      clocks: Optional[tuple[Timestamp, Timestamp]] = None,
+      limits: Optional[endpoints.Limits] = None,
+      defer_finalization: Optional[Callable[[object, str], None]] = None):
     """``pipeline_options``: the job's, handed as they are to harnesses in
     their own processes; ``split_after_secs``: how long a splittable bundle
     runs before the runner splits it (0: never); ``state_backend``: where
@@ -131,7 +134,15 @@ class StageRunner:
     the timers pending from earlier tasks (streaming; batch: none);
     ``clocks``: (input watermark, processing time) at which timers are due
     (streaming), or None for batch, where every timer fires once the input
-    is exhausted. Timers not yet due stay in ``self.timers``."""
+    is exhausted. Timers not yet due stay in ``self.timers``.
+
+    ``limits`` (streaming, a splittable stage): each bundle runs until it
+    checkpoints itself or reaches its limits (``worker.endpoints``), and
+    what it leaves is output as (RESIDUAL_TAG, Residual) records instead of
+    being run again here; input records (ENDPOINT_TAG, Granted) run one
+    endpoint each, with its own grant. ``defer_finalization(harness,
+    instruction id)`` (streaming) takes the bundles to finalize once the
+    micro-batch has committed, instead of finalizing them here."""
     self.job_id = job_id
     self.runtime = runtime
     self.stage = stage
@@ -147,6 +158,9 @@ class StageRunner:
     self._timers = timers if timers is not None else TimerTable(
         {(t.transform_id, t.family_id): t.time_domain for t in stage.timers})
     self._clocks = clocks
+    self._limits = limits
+    self._defer_finalization = defer_finalization
+    self._checkpoint: Optional[endpoints.Checkpointer] = None
     self._to_finalize: list[str] = []
     self._timer_impls = {
         (t.transform_id, t.family_id): runtime.coder_impl(t.coder_id)
@@ -162,7 +176,7 @@ class StageRunner:
         (t.transform_id, t.family_id) for t in self.stage.timers]
     self._split = None
     after = self.split_after_secs
-    if after > 0 and h.splits_bundles:
+    if after > 0 and h.splits_bundles and self._limits is None:
       split_input = splittable_input(self._descriptor)
       if split_input is not None:
         self._split = (split_input, after)
@@ -178,6 +192,16 @@ class StageRunner:
       pending: dict[str, list[bytes]] = {}
       size = 0
       for transform_id, data in inputs:
+        if transform_id == endpoints.ENDPOINT_TAG:
+          # An endpoint of a streaming read: a bundle of its own, its grant.
+          if pending:
+            yield from self._bundle(pending, {})
+            pending, size = {}, 0
+          yield from self._limited_bundle(
+              {data.input_id: [data.element]}, {},
+              endpoints.Limits(data.grant, self._limits.secs,
+                               data.grant_bytes), data.endpoint_id)
+          continue
         pending.setdefault(transform_id, []).append(data)
         size += len(data)
         if size >= self.bundle_bytes:
@@ -217,8 +241,14 @@ class StageRunner:
     """The stage's pending timers (after ``run``: those not yet due)."""
     return self._timers
 
-  def _bundle(self, data, timers) -> Iterator[tuple[str, bytes]]:
-    """One bundle, then its residuals until none remain."""
+  def _bundle(self, data, timers,
+              limits: Optional[endpoints.Limits] = None
+              ) -> Iterator[tuple[str, bytes]]:
+    """One bundle, then its residuals until none remain (streaming: its
+    residuals are output for a later micro-batch)."""
+    if self._limits is not None:
+      yield from self._limited_bundle(data, timers, limits or self._limits)
+      return
     while True:
       response = yield from self._process(data, timers)
       yield from self._split_residuals(data)
@@ -239,8 +269,65 @@ class StageRunner:
       if delay > 0:
         time.sleep(min(delay, MAX_RESUME_DELAY_SECS))
 
+  def _limited_bundle(self, data, timers, limits: endpoints.Limits,
+                      endpoint_id: Optional[str] = None
+                      ) -> Iterator[tuple[str, object]]:
+    """One bundle of a streaming splittable stage within ``limits``; what
+    it leaves (self-checkpoints, the runner's checkpoint) as residuals, the
+    first of them the endpoint ``endpoint_id`` carried on."""
+    parent = [endpoint_id]
+
+    def heir() -> Optional[str]:
+      return parent.pop() if parent else None
+
+    try:
+      response = yield from self._process(data, timers, limits)
+    finally:
+      # Also when the bundle failed: its checkpointer polls no more.
+      split = self._checkpoint.stop() if self._checkpoint else None
+      self._checkpoint = None
+    self._finalize()
+    runtime, coders = self.runtime, self.stage.input_coders
+    for root in response.process_bundle.residual_roots:
+      app = root.application
+      input_id = self._input_for(app.transform_id, app.input_id)
+      delay = (root.requested_time_delay.ToMicroseconds()
+               if root.HasField('requested_time_delay') else 0)
+      yield endpoints.RESIDUAL_TAG, endpoints.residual(
+          runtime, coders[input_id], input_id, app, delay, heir())
+    if split is None:
+      return
+    for root in split.residual_roots:
+      app = root.application
+      input_id = self._input_for(app.transform_id, app.input_id)
+      yield endpoints.RESIDUAL_TAG, endpoints.residual(
+          runtime, coders[input_id], input_id, app, parent=heir())
+    for channel in split.channel_splits:
+      transform_id = channel.transform_id
+      impl = runtime.coder_impl(coders[transform_id])
+      for index, element in enumerate(
+          split_elements(impl, data.get(transform_id, ()))):
+        if index >= channel.first_residual_element:
+          yield endpoints.RESIDUAL_TAG, endpoints.unread(
+              runtime, coders[transform_id], transform_id, element)
+
+  def _watch(self, limits: endpoints.Limits):
+    """A function starting the checkpointer of a bundle (its id given)."""
+    found = endpoints.splittable_transform(self._descriptor)
+    input_id = splittable_input(self._descriptor)
+    if found is None or input_id is None:
+      return None
+    counted = found[1]
+
+    def watch(instruction_id: str) -> endpoints.Checkpointer:
+      self._checkpoint = endpoints.Checkpointer(
+          self._harness, instruction_id, input_id, counted, limits).start()
+      return self._checkpoint
+
+    return watch
+
   def _process(
-      self, data, timers
+      self, data, timers, limits: Optional[endpoints.Limits] = None
   ) -> Generator[tuple[str, bytes], None, beam_fn_api_pb2.InstructionResponse]:
     """Runs one bundle: yields its data output as the harness writes it and
     records the timers it sets; returns its response, once all of its output
@@ -254,7 +341,8 @@ class StageRunner:
     # Every input and timer stream is sent, closed, even when empty: a
     # harness over gRPC waits for the end of each.
     inputs = {t: data.get(t, ()) for t in self.stage.inputs}
-    output = self._start(inputs, fired_timers)
+    watch = self._watch(limits) if limits is not None and data else None
+    output = self._start(inputs, fired_timers, watch)
     try:
       for element in output:
         if isinstance(element, beam_fn_api_pb2.Elements.Timers):
@@ -279,14 +367,27 @@ class StageRunner:
       self._to_finalize.append(output.instruction_id)
     return response
 
-  def _start(self, inputs, fired_timers) -> harnesses.BundleOutput:
-    """Starts a bundle on the task's harness."""
+  def _start(self, inputs, fired_timers, watch=None) -> harnesses.BundleOutput:
+    """Starts a bundle on the task's harness; ``watch(instruction id)``
+    starts watching it once it runs (streaming reads' checkpoints)."""
     h = self._harness
     iid = h.next_instruction_id()
     if not h.collects_output:
-      return h.process_bundle(
+      output = h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
           split=self._split, cache_token=self._cache_token)
+      if watch is not None:
+        watch(iid)
+      return output
+    if watch is not None:
+      # This harness runs the bundle to its end in process_bundle: it
+      # starts the watch itself once the bundle is sent.
+      output = h.process_bundle(
+          self._descriptor, iid, inputs, fired_timers, self._expected,
+          split=self._split, cache_token=self._cache_token, watch=watch)
+      if output.response.error:
+        raise PipelineExecutionError(output.response.error)
+      return output
     # This harness's bundle has run when process_bundle returns, its output
     # collected: a transport failure can still be retried. The bundle's
     # user state writes are journaled, so that a retry starts from the
@@ -359,6 +460,11 @@ class StageRunner:
 
   def _finalize(self) -> None:
     h = self._harness
+    if self._defer_finalization is not None:
+      for iid in self._to_finalize:
+        self._defer_finalization(h, iid)
+      self._to_finalize.clear()
+      return
     while self._to_finalize:
       response = h.do(
           beam_fn_api_pb2.InstructionRequest(

@@ -37,6 +37,7 @@ from beam_pyspark.streaming.timers import EVENT_TIME
 from beam_pyspark.streaming.timers import PROCESSING_TIME
 from beam_pyspark.streaming.timers import TimerTable
 from beam_pyspark.worker.elements import decode_all
+from beam_pyspark.worker.endpoints import RESIDUAL_TAG
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.shuffle import unpack_records
@@ -45,6 +46,16 @@ from beam_pyspark.worker.statestore import PartitionStore
 # Records of a streaming task that carry its PartitionReport, next to its
 # data records: (REPORT_TAG, PartitionReport).
 REPORT_TAG = '\x00report'
+
+
+def is_control(record) -> bool:
+  """A task's report, held-back element or residual restriction (for the
+  driver), not data."""
+  return type(record) is tuple and record[0] in _CONTROL_TAGS
+
+
+def is_data(record) -> bool:
+  return not is_control(record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +206,7 @@ def _timer_impls(runtime: JobRuntime, stage: StagePlan) -> dict:
 # until its side inputs are ready: (HELD_TAG, (input id, encoded element,
 # timestamp micros)).
 HELD_TAG = '\x00held'
+_CONTROL_TAGS = (REPORT_TAG, HELD_TAG, RESIDUAL_TAG)
 
 
 def side_input_gate(runtime: JobRuntime, stage: StagePlan, descriptor,
@@ -245,6 +257,10 @@ def hold_back(runtime: JobRuntime, stage: StagePlan, ready,
   """``records`` of (input id, chunk) with the elements not ``ready`` taken
   out into ``held`` as (input id, encoded element, timestamp micros)."""
   for transform_id, chunk in records:
+    if transform_id not in stage.input_coders:
+      # Not main input (a streaming read's endpoint, worker.endpoints).
+      yield transform_id, chunk
+      continue
     impl = runtime.coder_impl(stage.input_coders[transform_id])
     keep = []
     for wv in decode_all(impl, [chunk]):

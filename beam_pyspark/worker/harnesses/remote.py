@@ -108,14 +108,17 @@ class RemoteHarness:
 
   def process_bundle(
       self, descriptor, iid: str, data: dict, timers: dict, expected: list,
-      split: Optional[tuple] = None, cache_token: Optional[bytes] = None):
+      split: Optional[tuple] = None, cache_token: Optional[bytes] = None,
+      watch=None):
     """Sends a bundle's input, runs it; returns its collected output.
 
     Output is read while the bundle runs (the data plane's queues are
     bounded); a dead harness aborts the wait with a clear error. With
     ``split`` = (input transform id, seconds), a bundle still running after
     that long is asked for its progress and split at half its remainder;
-    the split's response is then in ``self.last_split``.
+    the split's response is then in ``self.last_split``. ``watch(iid)`` is
+    called once the bundle is sent (a streaming read's checkpointer,
+    worker.endpoints, stopped by its caller).
     """
     self.last_split = None
     monitor = None
@@ -134,6 +137,8 @@ class RemoteHarness:
                 cache_tokens=user_state_tokens(cache_token))))
     if monitor is not None:
       monitor.start()
+    if watch is not None:
+      watch(iid)
     dead = []
 
     def abort():

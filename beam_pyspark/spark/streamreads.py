@@ -1,0 +1,168 @@
+"""A streaming job's splittable reads on the driver: their endpoints.
+
+The endpoints (``streaming.endpoints``) are the live restrictions of the
+job's splittable stages. A micro-batch's trigger grants some of them
+records (``spark.sources``); ``StreamReads`` takes those out of the book
+for the batch's first wave, hands them to the stage as input records, one
+Spark partition each (so one task, one bundle each: ``worker.endpoints``),
+and puts back what the stage's tasks report they left. It also says what
+each micro-batch did (``BatchLog``).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Optional
+
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_pyspark.options import RunnerOptions
+from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.streaming import MAX_MICROS
+from beam_pyspark.streaming import MIN_MICROS
+from beam_pyspark.streaming.endpoints import EndpointBook
+from beam_pyspark.streaming.endpoints import byte_shares
+from beam_pyspark.worker import endpoints as worker_endpoints
+from beam_pyspark.worker.bundles import splittable_input
+
+RESIDUAL_TAG = worker_endpoints.RESIDUAL_TAG
+
+
+class StreamReads:
+  def __init__(self, plan: ExecutionPlan, options: RunnerOptions):
+    self.options = options
+    self.book = EndpointBook()
+    # node -> [(endpoint, grant)] granted in this micro-batch's first wave.
+    self.granted: dict[str, list] = {}
+    self.last_grants: dict = {}  # the last trigger's, by endpoint id
+    self.splittable = {
+        s.name for s in plan.stages if s.kind == 'sdk' and splittable_input(
+            beam_fn_api_pb2.ProcessBundleDescriptor.FromString(s.descriptor))}
+
+  def grant(self, grants: dict) -> int:
+    """Takes the trigger's granted endpoints out for this batch; how many."""
+    self.granted = self.book.take(grants)
+    self.last_grants = dict(grants)
+    return sum(len(g) for g in self.granted.values())
+
+  def wave_done(self) -> None:
+    """After the batch's first wave: its grants are spent."""
+    self.granted = {}
+
+  def limits(self, node: str) -> Optional[worker_endpoints.Limits]:
+    """A splittable stage's limits for new restrictions (not endpoints
+    yet): at most the batch's budget, for at most the read time, in their
+    first bundle."""
+    if node not in self.splittable:
+      return None
+    options = self.options
+    return worker_endpoints.Limits(options.records_per_batch,
+                                   options.read_secs, options.bytes_per_batch)
+
+  def granted_records(self, stage: StagePlan) -> list:
+    """The stage's granted endpoints as input records."""
+    granted = self.granted.get(stage.name)
+    if not granted:
+      return []
+    shares = byte_shares([e.endpoint_id for e, _ in granted],
+                         self.options.bytes_per_batch)
+    return [(worker_endpoints.ENDPOINT_TAG, worker_endpoints.Granted(
+        e.endpoint_id, e.input_id, e.element, grant, shares[e.endpoint_id]))
+            for e, grant in granted]
+
+  def offer(self, next_processing: dict, finished: bool) -> dict:
+    """What the query's source offers the next micro-batch from: the
+    endpoints, when the next processing-time timer is due, whether the
+    job's sources are done (no micro-batch is offered any more)."""
+    return {
+        'endpoints': self.book.offer(),
+        'next_processing': min((t for table in next_processing.values()
+                                for t in table.values()), default=None),
+        'finished': finished,
+    }
+
+  def restore(self, saved: dict, rename) -> dict[str, Optional[int]]:
+    """The endpoints a checkpoint committed; each node's hold."""
+    self.book.restore(saved, rename=rename)
+    return {node: self.book.hold(node) for node in self.book.nodes()}
+
+  def residuals(self, node: str, control: list) -> Optional[int]:
+    """What a splittable stage's tasks left, back into the book; the
+    node's new hold (its endpoints' minimum watermark)."""
+    for tag, r in control:
+      if tag == RESIDUAL_TAG:
+        self.book.add(node, r.input_id, r.element, r.watermark, r.resume_at,
+                      r.backlog, r.parent)
+    return self.book.hold(node)
+
+
+def finalize_committed(sc, job_id: str, committed: int) -> None:
+  """Finalizes the bundles of micro-batches up to ``committed`` that wait in
+  the Python workers (worker.finalization), with a task per worker slot; a
+  worker this misses finalizes them at its next task of the job, or when
+  the job is released."""
+  from beam_pyspark.spark import tasks
+  slots = 2 * max(1, sc.defaultParallelism)
+  sc.parallelize(range(slots), slots).foreach(
+      tasks.FinalizeCommitted(job_id, committed))
+
+
+class BatchLog:
+  """What each micro-batch did: a detailed job message each, and the last
+  ones kept for the status page."""
+  def __init__(self, keep: int = 100):
+    self.recent: collections.deque = collections.deque(maxlen=keep)
+
+  def add(self, index: int, secs: float, waves: int, grants: dict,
+          granted: int, book: EndpointBook) -> str:
+    budget = sum(g for g in grants.values() if g is not None)
+    backlog = sum(e.backlog or 0 for e in book.of_all())
+    self.recent.append({
+        'batch': index, 'secs': round(secs, 3), 'waves': waves,
+        'endpoints_read': granted, 'granted_records': budget,
+        'endpoints_left': len(book), 'backlog': backlog})
+    text = f'Micro-batch {index}: {secs:.2f} s, {waves} wave(s)'
+    if granted or book:
+      text += (f'; read {granted} restriction(s) granted {budget} record(s), '
+               f'{len(book)} left (backlog {backlog:g})')
+    return text
+
+
+def _when(micros: Optional[int]) -> Optional[str]:
+  """A watermark for people: ISO time, or -inf/+inf."""
+  if micros is None:
+    return None
+  if micros <= MIN_MICROS:
+    return '-inf'
+  if micros >= MAX_MICROS:
+    return '+inf'
+  return Timestamp(micros=micros).to_utc_datetime().isoformat() + 'Z'
+
+
+def streaming_status(watermarks: dict, names: dict, book: EndpointBook,
+                     log: BatchLog, granted: dict) -> dict:
+  """A streaming job's state for its status page, as plain data: each
+  stage's input and output watermarks (``WatermarkGraph.snapshot()``),
+  each live restriction (its stage, last grant, backlog, watermark, when
+  it may run again) and the last micro-batches."""
+  now = time.time()
+  return {
+      'watermarks': {
+          names.get(node, node): {'input': _when(w['input']),
+                                  'output': _when(w['output']),
+                                  'holds': len(w['holds'])}
+          for node, w in watermarks.items()},
+      'endpoints': {
+          e.endpoint_id: {
+              'stage': names.get(e.node, e.node),
+              'last grant': granted.get(e.endpoint_id),
+              'backlog': e.backlog,
+              'watermark': _when(e.watermark if e.watermark is not None
+                                 else MIN_MICROS),
+              'resumes in (s)': max(0.0, round(e.resume_at / 1e6 - now, 3))}
+          for e in book.of_all()},
+      'micro_batches': list(log.recent)[-20:],
+  }

@@ -1,0 +1,236 @@
+"""Inside executors: a streaming job's splittable reads, granted a budget.
+
+In a streaming job the live restrictions of an unbounded splittable DoFn
+(an unbounded SDF's residuals, ``PeriodicImpulse``'s, an
+``UnboundedSource``'s splits) are its *endpoints*: the driver keeps them
+between micro-batches, and each micro-batch runs every endpoint it grants
+records to as a bundle of its own (``spark.streaming``). A bundle here runs
+until its restriction checkpoints itself (``ProcessContinuation.resume``,
+``defer_remainder``) or the runner checkpoints it (``Checkpointer``): once
+it has output its grant, or run for the micro-batch's longest bundle. What
+is left becomes endpoints again (``Residual`` records), with the output
+watermark its watermark estimator reported, when it asked to be resumed
+and its backlog (the restriction's size).
+
+Nothing here knows Spark: records in, records out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Optional
+
+from apache_beam.metrics import monitoring_infos
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2
+
+from beam_pyspark.worker.elements import decode_all
+
+# A task's records carrying a residual restriction for the driver:
+# (RESIDUAL_TAG, Residual). Input records of an endpoint to run:
+# (ENDPOINT_TAG, Granted).
+RESIDUAL_TAG = '\x00endpoint-residual'
+ENDPOINT_TAG = '\x00endpoint'
+
+# How often a running bundle's progress is read, at most and at least.
+MIN_POLL_SECS = 0.002
+MAX_POLL_SECS = 0.05
+# A bundle that output nothing is checkpointed only after this many times
+# its time limit.
+STALL_FACTOR = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """How long a streaming splittable bundle may run before the runner
+  checkpoints it: ``records`` output elements of the splittable DoFn (None:
+  no limit), ``secs`` seconds, ``size`` bytes of output (as Beam samples
+  element sizes; None: no limit)."""
+  records: Optional[int]
+  secs: float
+  size: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Granted:
+  """An endpoint to run in this micro-batch: its restriction (the encoded
+  sized element of input ``input_id``) and its grant of records."""
+  endpoint_id: str
+  input_id: str
+  element: bytes
+  grant: Optional[int]  # records (None: no limit)
+  grant_bytes: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+  """What a bundle left of a restriction, for a later micro-batch."""
+  input_id: str
+  element: bytes  # the sized element, encoded as the input's elements
+  # Output watermark its watermark estimator reported (micros); None when
+  # it reported none (the output is then held at the minimum).
+  watermark: Optional[int]
+  # When it may run again (wall-clock micros).
+  resume_at: int
+  # Its restriction's size: records (or bytes) still to read; None when
+  # unknown or infinite.
+  backlog: Optional[float]
+  # The endpoint it is what is left of (its first residual keeps its id).
+  parent: Optional[str] = None
+
+
+def splittable_transform(descriptor) -> Optional[tuple[str, list[str]]]:
+  """The descriptor's splittable DoFn: (its transform id, the PCollections
+  it outputs), whose elements are what a grant counts."""
+  urn = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+  for transform_id, proto in descriptor.transforms.items():
+    if proto.spec.urn == urn:
+      return transform_id, list(proto.outputs.values())
+  return None
+
+
+def residual(runtime, coder_id: str, input_id: str,
+             application: beam_fn_api_pb2.BundleApplication,
+             delay_micros: int = 0, parent: Optional[str] = None) -> Residual:
+  """A residual root (self- or runner-initiated checkpoint) as a Residual."""
+  marks = [ts.seconds * 1_000_000 + ts.nanos // 1000
+           for ts in application.output_watermarks.values()]
+  return Residual(
+      input_id, application.element, min(marks) if marks else None,
+      _now_micros() + max(0, delay_micros),
+      backlog_of(runtime, coder_id, application.element), parent)
+
+
+def unread(runtime, coder_id: str, input_id: str, element: bytes) -> Residual:
+  """An input element a checkpoint's channel split left unread."""
+  return Residual(input_id, element, None, _now_micros(),
+                  backlog_of(runtime, coder_id, element))
+
+
+def backlog_of(runtime, coder_id: str, element: bytes) -> Optional[float]:
+  """A sized restriction's size (None: unknown or infinite)."""
+  try:
+    wv = next(decode_all(runtime.coder_impl(coder_id), [element]))
+    size = float(wv.value[1])
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if size != size or size == float('inf') or size < 0:
+    return None
+  return size
+
+
+def _now_micros() -> int:
+  return int(time.time() * 1_000_000)
+
+
+class Checkpointer:
+  """Checkpoints a running splittable bundle once it reached its limits.
+
+  A thread reads the bundle's progress (the element count of the
+  splittable DoFn's outputs) and, once the grant is output or the time is
+  up, asks the harness to split the bundle at ``fraction_of_remainder``
+  0: a checkpoint, as Beam's DirectRunner takes one after a number of
+  outputs or a duration. The restriction tracker then refuses further
+  claims, the DoFn returns, and the split's residual roots (and input
+  elements the bundle will not read) are the response's. A harness that
+  cannot split yet (between claims) is asked again at the next poll.
+  """
+  def __init__(self, harness, instruction_id: str, input_id: str,
+               counted: list[str], limits: Limits):
+    self.harness = harness
+    self.instruction_id = instruction_id
+    self.input_id = input_id
+    self.counted = set(counted)
+    self.limits = limits
+    self.result: Optional[beam_fn_api_pb2.ProcessBundleSplitResponse] = None
+    self._finished = threading.Event()
+    self._thread = threading.Thread(
+        target=self._watch, name=f'checkpoint-{instruction_id}', daemon=True)
+
+  def start(self) -> 'Checkpointer':
+    self._thread.start()
+    return self
+
+  def stop(self) -> Optional[beam_fn_api_pb2.ProcessBundleSplitResponse]:
+    """Once the bundle ended: the checkpoint taken, if any."""
+    self._finished.set()
+    self._thread.join()
+    return self.result
+
+  def _watch(self) -> None:
+    started = time.monotonic()
+    limit = self.limits.records
+    wait = MIN_POLL_SECS
+    while not self._finished.wait(wait):
+      elapsed = time.monotonic() - started
+      progress = self._progress()
+      if progress is None:  # not started yet, or ended
+        wait = MAX_POLL_SECS / 5
+        continue
+      count, size = progress
+      due = limit is not None and count >= limit
+      due = due or (self.limits.size is not None and size >= self.limits.size)
+      # Out of time: once it output something (a harness slow to set its
+      # DoFns up must not be checkpointed before it read anything, or an
+      # endpoint could never progress), or after much longer.
+      due = due or (elapsed >= self.limits.secs and count > 0) or (
+          elapsed >= STALL_FACTOR * self.limits.secs)
+      if due and self._checkpoint():
+        return
+      # Poll again about when half the rest of the grant is due at this
+      # rate, or the time is up.
+      rate = count / elapsed if elapsed > 0 else 0.0
+      wait = max(0.0, self.limits.secs - elapsed)
+      if limit is not None and rate > 0:
+        wait = min(wait, (limit - count) / rate / 2)
+      wait = min(MAX_POLL_SECS, max(MIN_POLL_SECS, wait))
+
+  def _progress(self) -> Optional[tuple[int, float]]:
+    """(elements, estimated bytes) the splittable DoFn output so far."""
+    try:
+      response = self.harness.do(beam_fn_api_pb2.InstructionRequest(
+          process_bundle_progress=beam_fn_api_pb2.
+          ProcessBundleProgressRequest(instruction_id=self.instruction_id)))
+    except Exception:  # pylint: disable=broad-except
+      return None  # the harness went; the bundle fails by itself
+    if response.error or self._finished.is_set():
+      return None
+    progress = response.process_bundle_progress
+    if not progress.monitoring_infos:
+      return None  # not running (yet, or any more)
+    count, sampled, sampled_bytes = 0, 0, 0
+    for info in progress.monitoring_infos:
+      if info.labels.get(monitoring_infos.PCOLLECTION_LABEL) not in (
+          self.counted):
+        continue
+      if info.urn == monitoring_infos.ELEMENT_COUNT_URN:
+        count += monitoring_infos.extract_counter_value(info)
+      elif info.urn == monitoring_infos.SAMPLED_BYTE_SIZE_URN:
+        data = monitoring_infos.extract_distribution(info)
+        sampled += data[0]
+        sampled_bytes += data[1]
+    size = count * sampled_bytes / sampled if sampled else 0.0
+    return count, size
+
+  def _checkpoint(self) -> bool:
+    if self._finished.is_set():
+      return True
+    try:
+      response = self.harness.do(beam_fn_api_pb2.InstructionRequest(
+          process_bundle_split=beam_fn_api_pb2.ProcessBundleSplitRequest(
+              instruction_id=self.instruction_id,
+              desired_splits={
+                  self.input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.
+                  DesiredSplit(fraction_of_remainder=0)
+              })))
+    except Exception:  # pylint: disable=broad-except
+      return False  # the bundle ended meanwhile, or the harness went
+    if response.error:
+      return False
+    split = response.process_bundle_split
+    if split.residual_roots or split.channel_splits:
+      self.result = split
+      return True
+    return False
