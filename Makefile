@@ -8,6 +8,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
+	@scripts/ensure-browser.sh
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
