@@ -20,6 +20,7 @@ from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.engine import OPTIONAL_METHODS
 from beam_pyspark.engine import STREAMING
 from beam_pyspark.engine import check_engine
 from beam_pyspark.engine import create_engine
@@ -63,6 +64,8 @@ class PipelineExecution:
     self._state = JobState.STOPPED
     self.error: Optional[str] = None
     self._final_metrics: Optional[tuple[list, list]] = None
+    # The engine's last progress and streaming status, kept when it ends.
+    self._final_status: dict[str, Optional[dict]] = {}
     self._engine = None
     self._cancel_requested = False
     self._thread: Optional[threading.Thread] = None
@@ -117,6 +120,23 @@ class PipelineExecution:
       return final
     return engine.metrics() if engine is not None else ([], [])
 
+  def progress(self) -> Optional[dict]:
+    """The engine's progress (engine.OPTIONAL_METHODS): live while the job
+    runs, its last one after; None if the engine reports none."""
+    return self._engine_status('progress')
+
+  def streaming_status(self) -> Optional[dict]:
+    """A streaming engine's own status, if it offers one."""
+    return self._engine_status('streaming_status')
+
+  def _engine_status(self, name: str) -> Optional[dict]:
+    with self._lock:
+      if name in self._final_status:
+        return self._final_status[name]
+      engine = self._engine
+    method = getattr(engine, name, None)
+    return method() if method is not None else None
+
   @property
   def state(self) -> int:
     with self._lock:
@@ -160,8 +180,17 @@ class PipelineExecution:
         engine.run()
       finally:
         final = engine.metrics()
+        status = {}
+        for name in OPTIONAL_METHODS:
+          try:
+            status[name] = self._engine_status(name)
+          except Exception:  # pylint: disable=broad-except
+            # A context stopped under the job: its status is lost, not
+            # the job's end.
+            _LOGGER.debug('No %s for %s', name, self.job_id, exc_info=True)
         with self._lock:
           self._final_metrics = final
+          self._final_status = status
       self.message(
           f'Job {self.job_id} finished in {time.monotonic() - started:.1f}s')
       self._set_state(JobState.DONE)

@@ -152,13 +152,9 @@ def status_page(port: int = 0) -> str:
   with _REGISTRY_LOCK:
     status = _STATUS
   if status is None:
-    from beam_pyspark.planning import plan_pipeline  # pylint: disable=import-outside-toplevel
-    from beam_pyspark.web.graph import pipeline_svg  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusPages  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusServer  # pylint: disable=import-outside-toplevel
-    pages = StatusPages(
-        job_registry(),
-        plan_svg=lambda pipeline: pipeline_svg(plan_pipeline(pipeline)))
+    pages = StatusPages(job_registry())
     with _REGISTRY_LOCK:
       if _STATUS is None:
         _STATUS = StatusServer(pages, 'localhost', port).start()

@@ -41,6 +41,8 @@ class JobServerConfig:
   fully_qualified_name_glob: Optional[str] = None
   # The status page (web/): None or negative for none, 0 for a free port.
   status_port: Optional[int] = None
+  # Whether the status page may cancel jobs (Flink's web.cancel.enable).
+  status_cancel: bool = True
 
 
 def expansion_options():
@@ -205,13 +207,10 @@ class JobServer:
     port = self.config.status_port
     if port is None or port < 0:
       return
-    from beam_pyspark.planning import plan_pipeline  # pylint: disable=import-outside-toplevel
-    from beam_pyspark.web.graph import pipeline_svg  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusPages  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusServer  # pylint: disable=import-outside-toplevel
-    pages = StatusPages(
-        self.service.registry,
-        plan_svg=lambda pipeline: pipeline_svg(plan_pipeline(pipeline)))
+    pages = StatusPages(self.service.registry,
+                        cancel_enabled=self.config.status_cancel)
     try:
       self._status = StatusServer(pages, self.config.job_host, port).start()
     except OSError as exn:
