@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import traceback
+import urllib.parse
 import uuid
 from typing import Callable
 from typing import Optional
@@ -53,8 +54,11 @@ class PipelineExecution:
       pipeline: beam_runner_api_pb2.Pipeline,
       options: Optional[RunnerOptions] = None,
       job_id: Optional[str] = None,
-      listener: Optional[Listener] = None):
+      listener: Optional[Listener] = None,
+      status_url: Optional[Callable[[], Optional[str]]] = None):
     self.pipeline = pipeline
+    # The status page's base URL, if one serves this job.
+    self._status_url = status_url or (lambda: None)
     self.options = options or RunnerOptions()
     self.job_id = job_id or 'job-' + uuid.uuid4().hex[:12]
     self._listener = listener
@@ -67,6 +71,7 @@ class PipelineExecution:
     # The engine's last progress and streaming status, kept when it ends.
     self._final_status: dict[str, Optional[dict]] = {}
     self._engine = None
+    self.plan = None  # once planned
     self._cancel_requested = False
     self._thread: Optional[threading.Thread] = None
 
@@ -120,6 +125,22 @@ class PipelineExecution:
       return final
     return engine.metrics() if engine is not None else ([], [])
 
+  def links(self) -> str:
+    """Where to watch the job: its status page and the Spark UI, as far
+    as they are known ('' if neither is)."""
+    links = []
+    base = self._status_url()
+    if base:
+      page = urllib.parse.quote(self.job_id, safe='')
+      links.append(f'status page {base.rstrip("/")}/jobs/{page}')
+    try:
+      ui = (self.progress() or {}).get('spark_ui')
+    except Exception:  # pylint: disable=broad-except
+      ui = None  # no progress, no UI: the links are a courtesy
+    if ui:
+      links.append(f'Spark UI {ui}')
+    return ', '.join(links)
+
   def progress(self) -> Optional[dict]:
     """The engine's progress (engine.OPTIONAL_METHODS): live while the job
     runs, its last one after; None if the engine reports none."""
@@ -164,6 +185,7 @@ class PipelineExecution:
       kind = check_engine(self.pipeline, self.options)
       plan = plan_pipeline(self.pipeline, drain=self.options.drain,
                            streaming=kind == STREAMING)
+      self.plan = plan
       engine = create_engine(kind, plan, self.job_id, self.options,
                              self.message)
       with self._lock:
@@ -175,6 +197,12 @@ class PipelineExecution:
       self.message(
           f'Running job {self.job_id}: {len(plan.stages)} stages on '
           f'{engine.describe()}')
+      links = self.links()
+      if links:
+        # One line where the job runs (the job server's log) and in the
+        # job's messages, which Beam's clients show.
+        _LOGGER.info('Job %s: %s', self.job_id, links)
+        self.message(f'Job {self.job_id}: {links}')
       started = time.monotonic()
       try:
         engine.run()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -117,6 +118,11 @@ def test_get_job_metrics_grows_while_the_job_runs(server):
   assert detail['spark_ui'] and detail['spark_stages'][0]['url'].startswith(
       detail['spark_ui'])
   assert sum(detail['beam_stage_tasks_done'].values()) >= 8
+  # The one line that says where to watch the job, in its messages.
+  links = [m['text'] for m in detail['messages'] if 'status page' in m['text']]
+  assert len(links) == 1 and re.search(
+      r'status page http://localhost:\d+/jobs/metrics-grow\S+, Spark UI '
+      r'http://\S+', links[0]), links
 
 
 # -- the browser --------------------------------------------------------------

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from concurrent import futures
+from typing import Callable
 from typing import Optional
 
 import grpc
@@ -91,15 +92,18 @@ def _lock_artifacts_dir(root: str):
   return handle
 
 
-def spark_invoke(config: JobServerConfig):
-  """The executor handed to the job service: our one engine."""
+def spark_invoke(config: JobServerConfig,
+                 status_url: Callable[[], Optional[str]] = lambda: None):
+  """The executor handed to the job service: our one engine.
+  ``status_url()``: the status page's URL, once it serves."""
   from beam_pyspark.execution import PipelineExecution
   from beam_pyspark.options import RunnerOptions
 
   def invoke(job_id, pipeline, options, listener):
     runner_options = RunnerOptions.from_job_options(
         options, master=config.spark_master_url, conf=config.spark_conf)
-    return PipelineExecution(pipeline, runner_options, job_id, listener)
+    return PipelineExecution(pipeline, runner_options, job_id, listener,
+                             status_url=status_url)
 
   return invoke
 
@@ -149,7 +153,7 @@ class JobServer:
     self.recovery = self.staging.recover(
         r.staging_token for r in self.store.jobs() if r.staging_token)
     self.service = JobService(
-        invoke or spark_invoke(config),
+        invoke or spark_invoke(config, lambda: self.status_url),
         staging=self.staging,
         staging_endpoint=f'{host}:{self.artifact_port}',
         store=self.store,
