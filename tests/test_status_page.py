@@ -471,3 +471,50 @@ def test_job_ids_with_slashes_have_their_own_pages(site):
   assert 'href="/jobs/a%2Fb%2Flive"' in page
   detail = json.loads(_get(server.url + 'api/jobs/a%2Fb%2Flive')[2])
   assert detail['job_id'] == job_id
+
+
+class _Tracker:
+  """Spark's StatusTracker as plain data, counting what it is asked."""
+  def __init__(self):
+    self.jobs, self.stages, self.asked = {}, {}, 0
+
+  def getJobIdsForGroup(self, group):  # pylint: disable=invalid-name
+    return list(self.jobs) if group == 'beam-job' else []
+
+  def getJobInfo(self, job_id):  # pylint: disable=invalid-name
+    import types
+    self.asked += 1
+    stage_ids, status = self.jobs[job_id]
+    return types.SimpleNamespace(stageIds=stage_ids, status=status)
+
+  def getStageInfo(self, stage_id):  # pylint: disable=invalid-name
+    import types
+    self.asked += 1
+    total, done, active = self.stages[stage_id]
+    return types.SimpleNamespace(
+        name=f'stage {stage_id}', currentAttemptId=0, numTasks=total,
+        numCompletedTasks=done, numActiveTasks=active, numFailedTasks=0)
+
+
+def test_task_progress_over_a_job_groups_spark_jobs():
+  from beam_pyspark.spark import progress
+  tracker, ended = _Tracker(), progress._Ended()  # pylint: disable=protected-access
+  tracker.jobs = {0: ([0, 1], 'SUCCEEDED'), 1: ([1, 2, 3], 'RUNNING')}
+  # Stage 1 ran in job 0 and is reused by job 1; stage 3 waits.
+  tracker.stages = {0: (2, 2, 0), 1: (4, 4, 0), 2: (6, 1, 2), 3: (5, 0, 0)}
+  got = progress.job_group_progress(tracker, 'beam-job', 'http://ui:4040',
+                                    ended)
+  assert (got['tasks_done'], got['tasks_total'], got['tasks_active']) == (
+      7, 17, 2)
+  assert [s['stage_id'] for s in got['stages']] == [0, 1, 2, 3]
+  assert got['stages'][2]['url'] == (
+      'http://ui:4040/stages/stage/?id=2&attempt=0')
+  # Job 1 ends; stage 3 was skipped. Ended jobs are not asked again.
+  tracker.jobs[1] = ([1, 2, 3], 'SUCCEEDED')
+  tracker.stages[2] = (6, 6, 0)
+  progress.job_group_progress(tracker, 'beam-job', None, ended)
+  asked = tracker.asked
+  got = progress.job_group_progress(tracker, 'beam-job', None, ended)
+  assert tracker.asked == asked
+  assert (got['tasks_done'], got['tasks_total']) == (12, 12)
+  assert [s['stage_id'] for s in got['stages']] == [0, 1, 2]
