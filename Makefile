@@ -29,7 +29,10 @@ demo: setup
 
 # pytest exits 5 when it collected no test: that is a failure here, never
 # a pass.
+# The status page's browser tests drive Debian's chromium: the tests (not
+# the demo) install it, as set-up installs Java.
 test: setup
+	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc

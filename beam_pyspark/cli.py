@@ -54,6 +54,11 @@ def _job_server_parser(sub) -> None:
   p.add_argument('--status-port', type=int, default=8090,
                  help='The status page: jobs, their stages and messages '
                  '(on --job-host; 0 picks a free port; -1: none).')
+  p.add_argument('--status-cancel', action=argparse.BooleanOptionalAction,
+                 default=True,
+                 help='Whether the status page\'s Cancel button may cancel '
+                 'jobs (as Flink\'s web.cancel.enable; default: it may). '
+                 '--no-status-cancel turns it off.')
   p.add_argument('--shutdown-grace-secs', type=float, default=20.0,
                  help='On SIGTERM or SIGINT: how long running jobs may take '
                  'to finish before they are cancelled (default 20 s: '
@@ -94,7 +99,8 @@ def main(argv=None) -> int:
             job_store=args.job_store,
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,
             fully_qualified_name_glob=args.fully_qualified_name_glob,
-            status_port=args.status_port))
+            status_port=args.status_port,
+            status_cancel=args.status_cancel))
   except ArtifactsDirInUseError as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1

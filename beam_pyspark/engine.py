@@ -47,6 +47,24 @@ class Engine(Protocol):
     """Where the job runs, for the job's messages (e.g. 'Spark local[2]')."""
 
 
+# What an engine may also offer, looked up by name (``PipelineExecution``
+# passes them on; the status page shows what there is). Each returns plain
+# data (dicts, lists, strings, numbers), since readers know nothing of
+# Spark:
+#
+#   progress() -> dict          Spark tasks done/active/failed/total over
+#                               the job's Spark jobs, per Spark stage, the
+#                               Spark UI's URL (spark.progress), and per
+#                               fused stage the tasks that ended
+#                               ('beam_stages': {stage name: count})
+#   streaming_status() -> dict  a streaming job's own state, e.g.
+#                               {'watermarks': {stage: ...}, 'endpoints':
+#                               {name: {'grant': .., 'backlog': ..}},
+#                               'micro_batches': [{'batch': .., 'secs': ..}]}:
+#                               each key becomes a table of the job's page
+OPTIONAL_METHODS = ('progress', 'streaming_status')
+
+
 def unbounded_pcollections(pipeline: beam_runner_api_pb2.Pipeline) -> list[str]:
   unbounded = beam_runner_api_pb2.IsBounded.UNBOUNDED
   return sorted(

@@ -14,12 +14,14 @@ import logging
 import threading
 import time
 import traceback
+import urllib.parse
 import uuid
 from typing import Callable
 from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.engine import OPTIONAL_METHODS
 from beam_pyspark.engine import STREAMING
 from beam_pyspark.engine import check_engine
 from beam_pyspark.engine import create_engine
@@ -52,8 +54,11 @@ class PipelineExecution:
       pipeline: beam_runner_api_pb2.Pipeline,
       options: Optional[RunnerOptions] = None,
       job_id: Optional[str] = None,
-      listener: Optional[Listener] = None):
+      listener: Optional[Listener] = None,
+      status_url: Optional[Callable[[], Optional[str]]] = None):
     self.pipeline = pipeline
+    # The status page's base URL, if one serves this job.
+    self._status_url = status_url or (lambda: None)
     self.options = options or RunnerOptions()
     self.job_id = job_id or 'job-' + uuid.uuid4().hex[:12]
     self._listener = listener
@@ -63,7 +68,10 @@ class PipelineExecution:
     self._state = JobState.STOPPED
     self.error: Optional[str] = None
     self._final_metrics: Optional[tuple[list, list]] = None
+    # The engine's last progress and streaming status, kept when it ends.
+    self._final_status: dict[str, Optional[dict]] = {}
     self._engine = None
+    self.plan = None  # once planned
     self._cancel_requested = False
     self._thread: Optional[threading.Thread] = None
 
@@ -117,6 +125,39 @@ class PipelineExecution:
       return final
     return engine.metrics() if engine is not None else ([], [])
 
+  def links(self) -> str:
+    """Where to watch the job: its status page and the Spark UI, as far
+    as they are known ('' if neither is)."""
+    links = []
+    base = self._status_url()
+    if base:
+      page = urllib.parse.quote(self.job_id, safe='')
+      links.append(f'status page {base.rstrip("/")}/jobs/{page}')
+    try:
+      ui = (self.progress() or {}).get('spark_ui')
+    except Exception:  # pylint: disable=broad-except
+      ui = None  # no progress, no UI: the links are a courtesy
+    if ui:
+      links.append(f'Spark UI {ui}')
+    return ', '.join(links)
+
+  def progress(self) -> Optional[dict]:
+    """The engine's progress (engine.OPTIONAL_METHODS): live while the job
+    runs, its last one after; None if the engine reports none."""
+    return self._engine_status('progress')
+
+  def streaming_status(self) -> Optional[dict]:
+    """A streaming engine's own status, if it offers one."""
+    return self._engine_status('streaming_status')
+
+  def _engine_status(self, name: str) -> Optional[dict]:
+    with self._lock:
+      if name in self._final_status:
+        return self._final_status[name]
+      engine = self._engine
+    method = getattr(engine, name, None)
+    return method() if method is not None else None
+
   @property
   def state(self) -> int:
     with self._lock:
@@ -144,6 +185,7 @@ class PipelineExecution:
       kind = check_engine(self.pipeline, self.options)
       plan = plan_pipeline(self.pipeline, drain=self.options.drain,
                            streaming=kind == STREAMING)
+      self.plan = plan
       engine = create_engine(kind, plan, self.job_id, self.options,
                              self.message)
       with self._lock:
@@ -155,13 +197,28 @@ class PipelineExecution:
       self.message(
           f'Running job {self.job_id}: {len(plan.stages)} stages on '
           f'{engine.describe()}')
+      links = self.links()
+      if links:
+        # One line where the job runs (the job server's log) and in the
+        # job's messages, which Beam's clients show.
+        _LOGGER.info('Job %s: %s', self.job_id, links)
+        self.message(f'Job {self.job_id}: {links}')
       started = time.monotonic()
       try:
         engine.run()
       finally:
         final = engine.metrics()
+        status = {}
+        for name in OPTIONAL_METHODS:
+          try:
+            status[name] = self._engine_status(name)
+          except Exception:  # pylint: disable=broad-except
+            # A context stopped under the job: its status is lost, not
+            # the job's end.
+            _LOGGER.debug('No %s for %s', name, self.job_id, exc_info=True)
         with self._lock:
           self._final_metrics = final
+          self._final_status = status
       self.message(
           f'Job {self.job_id} finished in {time.monotonic() - started:.1f}s')
       self._set_state(JobState.DONE)

@@ -96,6 +96,15 @@ class TaskMetrics:
         metrics_pb2.MonitoringInfo.FromString(b)
         for infos in last.values() for b in infos)
 
+  def tasks_done(self) -> dict[str, int]:
+    """Per fused stage, how many of its partitions' tasks reported (a
+    task reports when it ends); a streaming wave's '@serial' left off."""
+    partitions: dict[str, set] = collections.defaultdict(set)
+    for stage, partition, _ in self._reports:
+      if stage not in (self.COMMITTED_ONLY, self.ATTEMPTED_ONLY):
+        partitions[stage.split('@', 1)[0]].add(partition)
+    return {stage: len(done) for stage, done in partitions.items()}
+
   def compacted(self) -> list[tuple[str, int, list[bytes]]]:
     def serialized(infos):
       return [m.SerializeToString() for m in infos]

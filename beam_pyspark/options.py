@@ -83,6 +83,15 @@ class PySparkRunnerOptions(PipelineOptions):
         'whose URL is logged (default: none). A job server has its own, '
         '--status-port.')
     parser.add_argument(
+        '--progress',
+        choices=('auto', 'log', 'off'),
+        default=None,
+        help='How this program shows its job\'s progress: auto (default) '
+        'rewrites one line on stderr at most once a second when stderr is a '
+        'terminal (stage, its transforms, Spark tasks, elements), else logs '
+        'an INFO line every 30 s; log always logs; off shows nothing. A '
+        'summary (state, duration, the largest counters) closes it.')
+    parser.add_argument(
         '--checkpoint_location',
         default=None,
         help='Streaming: the directory where the job commits its state after '
@@ -135,6 +144,9 @@ JOB_SERVER_IGNORES = {
     'status_port':
         'the job server serves one status page for all its jobs; its URL '
         'is printed when it starts (--status-port)',
+    'progress':
+        'a job server does not print its jobs\' progress; the job\'s '
+        'messages name its status page and Spark UI',
 }
 
 
@@ -222,6 +234,8 @@ class RunnerOptions:
   records_per_batch: Optional[int] = DEFAULT_RECORDS_PER_BATCH
   bytes_per_batch: Optional[int] = None
   read_secs: float = DEFAULT_READ_SECS
+  # PySparkRunner's progress in its program: 'auto', 'log' or 'off'.
+  progress: str = 'auto'
   # The job's pipeline options as the Job API carries them, handed as they
   # are to SDK harnesses that run in their own processes.
   job_options: Optional[dict] = None
@@ -282,6 +296,7 @@ class RunnerOptions:
             DEFAULT_SPLIT_AFTER_SECS if split is None else float(split)),
         group_memory_mb=ours.group_memory_mb,
         status_port=ours.status_port,
+        progress=ours.progress or 'auto',
         checkpoint_location=ours.checkpoint_location or None,
         **_read_budget(ours.max_records_per_batch, ours.max_bytes_per_batch,
                        ours.max_read_secs),
@@ -372,6 +387,8 @@ def ignored_by_job_server(job_options: dict, server_master: str) -> list[str]:
     # default master (local[4]) says nothing about what the user wanted.
     if name == 'spark_master_url' and value in (server_master,
                                                  BEAM_DEFAULT_MASTER):
+      continue
+    if name == 'progress' and value == 'auto':  # the default, said by all
       continue
     notes.append(f'--{name}={value} is ignored: {why}.')
   return notes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import uuid
 from typing import Optional
@@ -16,9 +17,11 @@ from apache_beam.runners.portability.fn_api_runner.fn_runner import (
     group_by_key_input_visitor)
 from apache_beam.transforms import environments
 
+from beam_pyspark import console
 from beam_pyspark.errors import InvalidOptionsError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.errors import user_exception
+from beam_pyspark.events import TERMINAL_STATES
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.execution import PipelineExecution
 from beam_pyspark.jobservice.jobs import JobRegistry
@@ -29,7 +32,9 @@ from beam_pyspark.options import RunnerOptions
 from beam_pyspark.options import misspelled_options
 from beam_pyspark.options import unknown_option_names
 from beam_pyspark.sdk_dependencies import StagedDependencies
+from beam_pyspark.spark.session import console_progress_bar
 from beam_pyspark.spark.session import spark_context
+from beam_pyspark.web.graph import user_transform_names
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -42,6 +47,7 @@ _STATES = {
     beam_job_api_pb2.JobState.CANCELLED: runner.PipelineState.CANCELLED,
     beam_job_api_pb2.JobState.CANCELLING: runner.PipelineState.CANCELLING,
 }
+_ENDED = frozenset(_STATES[s] for s in TERMINAL_STATES if s in _STATES)
 
 
 class PySparkRunner(runner.PipelineRunner):
@@ -111,8 +117,9 @@ class PySparkRunner(runner.PipelineRunner):
   def run_portable_pipeline(self, pipeline, options):
     runner_options = RunnerOptions.from_pipeline_options(options)
     registry = job_registry()
+    status_url = None
     if runner_options.status_port is not None:
-      status_page(runner_options.status_port)
+      status_url = status_page(runner_options.status_port)
     job_name = options_module.job_name(runner_options.job_options)
     # Short ids, as before the registry: 'job-' and 12 hex digits.
     job = registry.prepare(
@@ -125,14 +132,17 @@ class PySparkRunner(runner.PipelineRunner):
       def both(event):
         listener(event)
         client_log(event)
-      execution = PipelineExecution(job_pipeline, runner_options, job_id, both)
+      execution = PipelineExecution(job_pipeline, runner_options, job_id,
+                                    both, status_url=lambda: status_url)
       client_log.execution = execution
       executions.append(execution)
       return execution
 
     # Raises UnsupportedPipelineError before anything runs.
     registry.run(job.job_id, invoke=invoke)
-    return PySparkPipelineResult(registry, job.job_id, executions[0])
+    return PySparkPipelineResult(
+        registry, job.job_id, executions[0],
+        _progress_reporter(runner_options, registry, executions[0]))
 
 
 _REGISTRY: Optional[JobRegistry] = None
@@ -152,19 +162,55 @@ def status_page(port: int = 0) -> str:
   with _REGISTRY_LOCK:
     status = _STATUS
   if status is None:
-    from beam_pyspark.planning import plan_pipeline  # pylint: disable=import-outside-toplevel
-    from beam_pyspark.web.graph import pipeline_svg  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusPages  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusServer  # pylint: disable=import-outside-toplevel
-    pages = StatusPages(
-        job_registry(),
-        plan_svg=lambda pipeline: pipeline_svg(plan_pipeline(pipeline)))
+    pages = StatusPages(job_registry())
     with _REGISTRY_LOCK:
       if _STATUS is None:
         _STATUS = StatusServer(pages, 'localhost', port).start()
         _LOGGER.info('Status page of this program\'s jobs: %s', _STATUS.url)
       status = _STATUS
   return status.url
+
+
+def _progress_mode(options: RunnerOptions) -> str:
+  """--progress, with auto resolved: one rewritten line only on a terminal
+  that Spark's own console progress bar does not write to as well."""
+  mode = options.progress
+  if mode != console.AUTO:
+    return mode
+  try:
+    tty = sys.stderr.isatty()
+  except (AttributeError, ValueError):  # replaced or closed stderr
+    tty = False
+  # Spark's own console bar (a context the user started with it; ours
+  # turn it off) would fight over the line. Spark makes that bar when its
+  # context starts: it cannot be turned off for one job.
+  return console.AUTO if tty and not console_progress_bar(options.conf) else (
+      console.LOG)
+
+
+def _progress_reporter(options: RunnerOptions, registry: JobRegistry,
+                       execution: PipelineExecution
+                       ) -> Optional[console.ProgressReporter]:
+  mode = _progress_mode(options)
+  if mode == console.OFF:
+    return None
+  job_id = execution.job_id
+
+  def stages():
+    plan = execution.plan
+    return [] if plan is None else [
+        (s.name, user_transform_names(s.transform_names)) for s in plan.stages]
+
+  def wait_ended(timeout):
+    state = registry.wait(job_id, timeout)
+    return state if state in TERMINAL_STATES else None
+
+  return console.ProgressReporter(
+      mode, job_id, stages, execution.progress,
+      lambda: execution.committed_metrics, wait_ended, sys.stderr, _LOGGER,
+      links=execution.links).start()
 
 
 def job_registry() -> JobRegistry:
@@ -203,11 +249,13 @@ class _ClientLog:
 class PySparkPipelineResult(runner.PipelineResult):
   """A job of this process, read from its registry."""
   def __init__(self, registry: JobRegistry, job_id: str,
-               execution: PipelineExecution):
+               execution: PipelineExecution,
+               reporter: Optional[console.ProgressReporter] = None):
     super().__init__(runner.PipelineState.STARTING)
     self._registry = registry
     self._job_id = job_id
     self._execution = execution
+    self._reporter = reporter
 
   @property
   def job_id(self) -> str:
@@ -222,6 +270,8 @@ class PySparkPipelineResult(runner.PipelineResult):
     timeout = None if duration is None else duration / 1000.0
     self._registry.wait(self._job_id, timeout)
     state = self.state
+    if self._reporter is not None and state in _ENDED:
+      self._reporter.join()  # its summary before what the program prints
     if state == runner.PipelineState.FAILED:
       error = self._execution.error or ''
       details = f'Pipeline {self.job_id} failed:\n{error}'
@@ -236,6 +286,8 @@ class PySparkPipelineResult(runner.PipelineResult):
   def cancel(self):
     self._registry.cancel(self._job_id)
     self._registry.wait(self._job_id)
+    if self._reporter is not None:
+      self._reporter.join()
     return self.state
 
   def metrics(self):

@@ -264,7 +264,8 @@ def test_describe_pipeline_options_lists_every_runner_option(api):
   names = {o.name for o in stub.DescribePipelineOptions(
       beam_job_api_pb2.DescribePipelineOptionsRequest()).options}
   assert {'spark_master_url', 'spark_conf', 'spark_parallelism', 'drain',
-          'split_stragglers_after_secs', 'group_memory_mb'} <= names
+          'split_stragglers_after_secs', 'group_memory_mb', 'status_port',
+          'progress'} <= names
 
 
 def test_ignored_options_are_said_at_prepare(api):
@@ -522,3 +523,13 @@ def test_the_store_gives_an_evicted_jobs_pages_back(tmp_path, executor):
     db.execute('PRAGMA wal_checkpoint(TRUNCATE)')
   assert full > 5_000_000
   assert path.stat().st_size < full / 4, (path.stat().st_size, full)
+
+
+def test_progress_is_noted_only_when_not_the_default(api):
+  stub, service = api
+  quiet = _prepare(stub, options={'beam:option:progress:v1': 'auto'})
+  asked = _prepare(stub, options={'beam:option:progress:v1': 'off'})
+  assert not [m.text for m in service.registry.messages(
+      quiet.preparation_id) if 'progress' in m.text]
+  assert any('--progress=off is ignored' in m.text for m in
+             service.registry.messages(asked.preparation_id))

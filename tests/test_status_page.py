@@ -1,7 +1,8 @@
 """The status page: fixed routes over the job registry, real HTTP.
 
-(Browser tests come with the page's live parts; these check what the
-server answers.)"""
+These check what the server answers, over a registry with a fake executor
+(no Spark) where a test says so; test_status_live.py runs real jobs, and
+test_status_browser.py drives the pages in a real browser."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import urllib.request
 
 import pytest
 
+from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
 from beam_pyspark.jobservice.jobs import JobRegistry
 from beam_pyspark.planning import plan_pipeline
-from beam_pyspark.web.graph import pipeline_svg
 from beam_pyspark.web.server import StatusPages
 from beam_pyspark.web.server import StatusServer
 from test_registry import Executor
@@ -26,8 +27,7 @@ from test_registry import _pipeline
 def site():
   executor = Executor()
   registry = JobRegistry(executor)
-  server = StatusServer(StatusPages(
-      registry, plan_svg=lambda p: pipeline_svg(plan_pipeline(p)))).start()
+  server = StatusServer(StatusPages(registry)).start()
   yield registry, executor, server
   server.stop()
 
@@ -47,7 +47,7 @@ def test_jobs_are_listed_newest_first_with_state_and_duration(site):
   page = body.decode()
   assert status == 200 and kind.startswith('text/html')
   assert page.index('second') < page.index('first')
-  assert '&lt;script&gt;' in page and '<script>' not in page
+  assert 'first&lt;script&gt;' in page and 'first<script>' not in page
   assert 'DONE' in page and 'STOPPED' in page
   status, kind, body = _get(server.url + 'api/jobs')
   rows = json.loads(body)
@@ -241,3 +241,280 @@ def test_health_turns_not_serving_and_watch_follows():
   finally:
     stopped.set()
     server.stop(None)
+
+
+# -- progress, a job's page, its JSON, cancel --------------------------------
+
+
+class ReportingExecution:
+  """What PipelineExecution reports besides states: the engine's progress,
+  metrics and (for streaming engines) status, set by the test."""
+  def __init__(self, fake):
+    self.fake = fake
+    self.progress_value = None
+    self.streaming_value = None
+
+  def __getattr__(self, name):
+    return getattr(self.fake, name)
+
+  def progress(self):
+    return self.progress_value
+
+  def streaming_status(self):
+    return self.streaming_value
+
+
+@pytest.fixture
+def live_site(site):
+  registry, executor, server = site
+  wrapped = {}
+
+  def invoke(job_id, pipeline, options, listener):
+    wrapped[job_id] = ReportingExecution(
+        executor(job_id, pipeline, options, listener))
+    return wrapped[job_id]
+
+  return registry, invoke, wrapped, server
+
+
+def _progress(done, total, beam_stages=None):
+  return {'tasks_done': done, 'tasks_total': total, 'tasks_active': 1,
+          'tasks_failed': 0, 'spark_ui': 'http://driver:4040',
+          'stages': [{'stage_id': 3, 'attempt': 0, 'name': 'foreach at x.py',
+                      'total': total, 'done': done, 'active': 1, 'failed': 0,
+                      'url': 'http://driver:4040/stages/stage/?id=3&attempt=0'}],
+          'beam_stages': beam_stages or {}}
+
+
+def test_the_list_shows_each_jobs_task_progress(live_site):
+  registry, invoke, wrapped, server = live_site
+  job_id = registry.prepare('busy', _pipeline(), {}).job_id
+  registry.run(job_id, invoke=invoke)
+  wrapped[job_id].progress_value = _progress(3, 12)
+  (row,) = json.loads(_get(server.url + 'api/jobs')[2])
+  assert row['progress'] == {'done': 3, 'total': 12, 'active': 1,
+                             'failed': 0, 'fraction': 0.25}
+  page = _get(server.url)[2].decode()
+  assert 'data-done="3" data-total="12"' in page and '3/12 tasks' in page
+  assert "fetch('/api/jobs'" in page  # refreshed by its script
+  wrapped[job_id].progress_value = _progress(7, 12)
+  (row,) = json.loads(_get(server.url + 'api/jobs')[2])
+  assert row['progress']['done'] == 7
+
+
+def test_an_ended_job_keeps_its_last_progress(live_site):
+  registry, invoke, wrapped, server = live_site
+  job_id = registry.prepare('ends', _pipeline(), {}).job_id
+  registry.run(job_id, invoke=invoke)
+  wrapped[job_id].progress_value = _progress(11, 12)
+  wrapped[job_id].fake.emit(JobState.DONE)
+  wrapped[job_id].progress_value = None  # the engine is gone
+  (row,) = json.loads(_get(server.url + 'api/jobs')[2])
+  # DONE reads complete: Spark's tracker hears of the last task late.
+  assert row['progress']['done'] == row['progress']['total'] == 12
+
+
+def _counter(name, value, step='s1'):
+  from apache_beam.metrics import monitoring_infos as mi
+  return mi.int64_user_counter('ns', name, value, ptransform=step)
+
+
+def test_a_jobs_page_has_its_metrics_stages_options_and_artifacts(
+    live_site, tmp_path):
+  from apache_beam.metrics import monitoring_infos as mi
+  from apache_beam.metrics.cells import GaugeData
+  from jobserver_process import file_dependency
+  from jobserver_process import pipeline_with_dependencies
+  registry, invoke, wrapped, server = live_site
+  pipeline = pipeline_with_dependencies(
+      [file_dependency(str(tmp_path / 'dep.whl'), 'dep<1>.whl')])
+  job_id = registry.prepare(
+      'detailed', pipeline, {'beam:option:spark_parallelism:v1': 7,
+                             'beam:option:note:v1': '<b>bold</b>'}).job_id
+  registry.run(job_id, invoke=invoke)
+  execution = wrapped[job_id]
+  execution.fake.committed_metrics = [
+      _counter('seen<x>', 5),
+      mi.int64_user_distribution('ns', 'sizes', mi.DistributionData(
+          12, 3, 1, 7), ptransform='s1'),
+      mi.int64_user_gauge('ns', 'level', GaugeData(42), ptransform='s1'),
+  ]
+  execution.fake.attempted_metrics = [_counter('seen<x>', 6)]
+  execution.progress_value = _progress(2, 4)
+  execution.streaming_value = {
+      'watermarks': {'stage<1>': '2026-01-01T00:00:00Z'},
+      'endpoints': {'src': {'grant': 10, 'backlog': 3}},
+      'micro_batches': [{'batch': 0, 'secs': 0.4}]}
+  execution.fake.say('a warning <w>', Importance.JOB_MESSAGE_WARNING)
+  execution.fake.say('just basic', Importance.JOB_MESSAGE_BASIC)
+
+  detail = json.loads(_get(server.url + 'api/jobs/' + job_id)[2])
+  (counter,) = detail['metrics']['counters']
+  assert (counter['name'], counter['committed'], counter['attempted']) == (
+      'seen<x>', 5, 6)
+  (dist,) = detail['metrics']['distributions']
+  assert dist['committed'] == {'sum': 12, 'count': 3, 'min': 1, 'max': 7,
+                               'mean': 4.0}
+  assert detail['metrics']['gauges'][0]['committed'] == 42
+  assert detail['options']['spark_parallelism'] == 7
+  assert [a['name'] for a in detail['artifacts']] == ['dep<1>.whl']
+  assert detail['spark_stages'][0]['url'].endswith('id=3&attempt=0')
+  assert detail['streaming']['endpoints'] == {'src': {'grant': 10,
+                                                      'backlog': 3}}
+
+  page = _get(server.url + 'jobs/' + job_id)[2].decode()
+  for shown in ['seen&lt;x&gt;', 'dep&lt;1&gt;.whl', '&lt;b&gt;bold&lt;/b&gt;',
+                'a warning &lt;w&gt;', 'stage&lt;1&gt;', 'backlog',
+                'href="http://driver:4040/stages/stage/?id=3&amp;attempt=0"',
+                '2/4 tasks', 'id="cancel"']:
+    assert shown in page, shown
+  assert '<b>bold' not in page and 'seen<x>' not in page
+  # Messages filtered by severity, on the page and in its JSON.
+  warnings = _get(server.url + 'jobs/' + job_id + '?importance=warning')[2]
+  assert b'a warning' in warnings and b'just basic' not in warnings
+  assert [m['text'] for m in json.loads(_get(
+      server.url + 'api/jobs/' + job_id + '?importance=WARNING')[2])[
+          'messages']] == ['a warning <w>']
+  live = json.loads(_get(server.url + 'jobs/' + job_id + '/live')[2])
+  assert live['state'] == 'RUNNING' and not live['terminal']
+  assert '<svg' in live['sections']['job-graph']
+  assert 'just basic' in live['sections']['job-messages']
+
+
+def test_graph_edges_carry_element_counts(live_site):
+  from apache_beam.metrics import monitoring_infos as mi
+  registry, invoke, wrapped, server = live_site
+  job_id = registry.prepare('counted', _pipeline(), {}).job_id
+  registry.run(job_id, invoke=invoke)
+  plan = plan_pipeline(registry.pipeline(job_id))
+  pcolls = [b.split(b':', 1)[1].decode() for s in plan.stages
+            for b in s.outputs.values() if b.startswith(b'materialize:')]
+  wrapped[job_id].fake.committed_metrics = [
+      mi.int64_counter(mi.ELEMENT_COUNT_URN, 1234,
+                       pcollection=pcolls[0])]
+  wrapped[job_id].progress_value = _progress(
+      1, 2, {plan.stages[0].name: 1})
+  svg = json.loads(_get(server.url + 'jobs/' + job_id + '/live')[2])[
+      'sections']['job-graph']
+  assert '1,234 elements' in svg and '1 task(s) done' in svg
+
+
+def _post(server, path, origin=None, referer=None, host=None, body=b''):
+  headers = {}
+  if origin:
+    headers['Origin'] = origin
+  if referer:
+    headers['Referer'] = referer
+  if host:
+    headers['Host'] = host
+  request = urllib.request.Request(server.url + path, data=body,
+                                   method='POST', headers=headers)
+  try:
+    with urllib.request.urlopen(request, timeout=10) as response:
+      return response.status, response.url
+  except urllib.error.HTTPError as error:
+    return error.code, None
+
+
+def test_cancel_is_a_same_origin_post(site):
+  registry, executor, server = site
+  job_id = registry.prepare('long', _pipeline(), {}).job_id
+  registry.run(job_id)
+  own = f'http://localhost:{server.port}'
+  path = f'jobs/{job_id}/cancel'
+  assert _post(server, path)[0] == 403  # neither Origin nor Referer
+  assert _post(server, path, origin='http://evil.example')[0] == 403
+  assert _post(server, path, referer='http://evil.example/x')[0] == 403
+  # A rebound DNS name of this address: Origin and Host agree, still no.
+  assert _post(server, path, origin=f'http://evil.example:{server.port}',
+               host=f'evil.example:{server.port}')[0] == 403
+  assert _post(server, path, origin=own, body=b'x' * 100000)[0] == 413
+  assert registry.state(job_id).state == JobState.RUNNING
+  assert not executor.executions[job_id].cancelled
+  # From the job's own page: redirected back to it, the job cancelled.
+  status, url = _post(server, path, origin=own)
+  assert status == 200 and url.endswith('/jobs/' + job_id)
+  assert executor.executions[job_id].cancelled
+  assert registry.state(job_id).state == JobState.CANCELLED
+  # The Referer of a page of ours does as well (no Origin sent).
+  other = registry.prepare('other', _pipeline(), {}).job_id
+  registry.run(other)
+  assert _post(server, f'jobs/{other}/cancel',
+               referer=f'{own}/jobs/{other}')[0] == 200
+  assert registry.state(other).state == JobState.CANCELLED
+  # Everything else stays GET only; GET of the cancel route is no route.
+  assert _post(server, 'api/jobs', origin=own)[0] == 405
+  with pytest.raises(urllib.error.HTTPError) as info:
+    _get(server.url + path)
+  assert info.value.code == 404
+
+
+def test_cancel_can_be_turned_off():
+  executor = Executor()
+  registry = JobRegistry(executor)
+  server = StatusServer(StatusPages(registry, cancel_enabled=False)).start()
+  try:
+    job_id = registry.prepare('kept', _pipeline(), {}).job_id
+    registry.run(job_id)
+    assert b'id="cancel"' not in _get(server.url + 'jobs/' + job_id)[2]
+    assert _post(server, f'jobs/{job_id}/cancel',
+                 origin=f'http://localhost:{server.port}')[0] == 403
+    assert registry.state(job_id).state == JobState.RUNNING
+  finally:
+    server.stop()
+
+
+def test_job_ids_with_slashes_have_their_own_pages(site):
+  registry, _, server = site
+  job_id = registry.prepare('a/b', _pipeline(), {}, job_id='a/b/live').job_id
+  page = _get(server.url)[2].decode()
+  assert 'href="/jobs/a%2Fb%2Flive"' in page
+  detail = json.loads(_get(server.url + 'api/jobs/a%2Fb%2Flive')[2])
+  assert detail['job_id'] == job_id
+
+
+class _Tracker:
+  """Spark's StatusTracker as plain data, counting what it is asked."""
+  def __init__(self):
+    self.jobs, self.stages, self.asked = {}, {}, 0
+
+  def getJobIdsForGroup(self, group):  # pylint: disable=invalid-name
+    return list(self.jobs) if group == 'beam-job' else []
+
+  def getJobInfo(self, job_id):  # pylint: disable=invalid-name
+    import types
+    self.asked += 1
+    stage_ids, status = self.jobs[job_id]
+    return types.SimpleNamespace(stageIds=stage_ids, status=status)
+
+  def getStageInfo(self, stage_id):  # pylint: disable=invalid-name
+    import types
+    self.asked += 1
+    total, done, active = self.stages[stage_id]
+    return types.SimpleNamespace(
+        name=f'stage {stage_id}', currentAttemptId=0, numTasks=total,
+        numCompletedTasks=done, numActiveTasks=active, numFailedTasks=0)
+
+
+def test_task_progress_over_a_job_groups_spark_jobs():
+  from beam_pyspark.spark import progress
+  tracker, ended = _Tracker(), progress._Ended()  # pylint: disable=protected-access
+  tracker.jobs = {0: ([0, 1], 'SUCCEEDED'), 1: ([1, 2, 3], 'RUNNING')}
+  # Stage 1 ran in job 0 and is reused by job 1; stage 3 waits.
+  tracker.stages = {0: (2, 2, 0), 1: (4, 4, 0), 2: (6, 1, 2), 3: (5, 0, 0)}
+  got = progress.job_group_progress(tracker, 'beam-job', 'http://ui:4040',
+                                    ended)
+  assert (got['tasks_done'], got['tasks_total'], got['tasks_active']) == (
+      7, 17, 2)
+  assert [s['stage_id'] for s in got['stages']] == [0, 1, 2, 3]
+  assert got['stages'][2]['url'] == (
+      'http://ui:4040/stages/stage/?id=2&attempt=0')
+  # Job 1 ends; stage 3 was skipped. Ended jobs are not asked again.
+  tracker.jobs[1] = ([1, 2, 3], 'SUCCEEDED')
+  tracker.stages[2] = (6, 6, 0)
+  progress.job_group_progress(tracker, 'beam-job', None, ended)
+  asked = tracker.asked
+  got = progress.job_group_progress(tracker, 'beam-job', None, ended)
+  assert tracker.asked == asked
+  assert (got['tasks_done'], got['tasks_total']) == (12, 12)
+  assert [s['stage_id'] for s in got['stages']] == [0, 1, 2]

@@ -49,6 +49,22 @@ MAX_JOB_NAME_CHARS = 256
 
 # invoke(job_id, pipeline, options, listener) -> an execution with start(),
 # cancel(), committed_metrics and attempted_metrics.
+# What an execution may report besides its metrics (engine.OPTIONAL_METHODS).
+_STATUS_METHODS = ('progress', 'streaming_status')
+
+
+def _call(execution, name: str) -> Optional[dict]:
+  """execution.name() if it has it; a failure to report is no answer."""
+  method = getattr(execution, name, None)
+  if method is None:
+    return None
+  try:
+    return method()
+  except Exception:  # pylint: disable=broad-except
+    _LOGGER.debug('No %s from %r', name, execution, exc_info=True)
+    return None
+
+
 Invoke = Callable[[str, beam_runner_api_pb2.Pipeline, dict,
                    Callable[[Event], None]], object]
 
@@ -327,8 +343,12 @@ class JobRegistry:
       metrics = list(getattr(execution, 'committed_metrics', []) or [])
       serialized = [m.SerializeToString() for m in metrics]
       self._store.set_metrics(job_id, serialized)
+      # Kept in memory only: Spark forgets old jobs' stages, the page
+      # should not; after a restart a past job shows no progress.
+      status = {name: _call(execution, name) for name in _STATUS_METHODS}
       with self._cond:
         job.final_metrics = serialized
+        job.final_status = status
     with self._cond:
       self._finished.append(job_id)
       dropped = self._trim(extra=len(self._preparations()))
@@ -401,6 +421,23 @@ class JobRegistry:
       return committed, attempted or committed
     infos = [metrics_pb2.MonitoringInfo.FromString(m) for m in final or []]
     return infos, list(infos)
+
+  def progress(self, job_id: str) -> Optional[dict]:
+    """The engine's progress (plain data, engine.OPTIONAL_METHODS): live
+    while the job runs, the last one after; None if there is none."""
+    return self._status(job_id, 'progress')
+
+  def streaming_status(self, job_id: str) -> Optional[dict]:
+    """A streaming engine's own status, if it offers one."""
+    return self._status(job_id, 'streaming_status')
+
+  def _status(self, job_id: str, name: str) -> Optional[dict]:
+    with self._cond:
+      job = self._get(job_id)
+      execution, final = job.execution, job.final_status
+    if final is not None:
+      return final.get(name)
+    return _call(execution, name)
 
   def messages(self, job_id: str) -> list[MessageEvent]:
     with self._cond:

@@ -74,6 +74,8 @@ class Job:
     self.past = False
     self.messages_loaded = True
     self.final_metrics: Optional[list[bytes]] = None
+    # The execution's last progress and streaming status, once it ended.
+    self.final_status: Optional[dict] = None
 
   @property
   def pipeline(self) -> beam_runner_api_pb2.Pipeline:

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from concurrent import futures
+from typing import Callable
 from typing import Optional
 
 import grpc
@@ -41,6 +42,8 @@ class JobServerConfig:
   fully_qualified_name_glob: Optional[str] = None
   # The status page (web/): None or negative for none, 0 for a free port.
   status_port: Optional[int] = None
+  # Whether the status page may cancel jobs (Flink's web.cancel.enable).
+  status_cancel: bool = True
 
 
 def expansion_options():
@@ -89,15 +92,18 @@ def _lock_artifacts_dir(root: str):
   return handle
 
 
-def spark_invoke(config: JobServerConfig):
-  """The executor handed to the job service: our one engine."""
+def spark_invoke(config: JobServerConfig,
+                 status_url: Callable[[], Optional[str]] = lambda: None):
+  """The executor handed to the job service: our one engine.
+  ``status_url()``: the status page's URL, once it serves."""
   from beam_pyspark.execution import PipelineExecution
   from beam_pyspark.options import RunnerOptions
 
   def invoke(job_id, pipeline, options, listener):
     runner_options = RunnerOptions.from_job_options(
         options, master=config.spark_master_url, conf=config.spark_conf)
-    return PipelineExecution(pipeline, runner_options, job_id, listener)
+    return PipelineExecution(pipeline, runner_options, job_id, listener,
+                             status_url=status_url)
 
   return invoke
 
@@ -147,7 +153,7 @@ class JobServer:
     self.recovery = self.staging.recover(
         r.staging_token for r in self.store.jobs() if r.staging_token)
     self.service = JobService(
-        invoke or spark_invoke(config),
+        invoke or spark_invoke(config, lambda: self.status_url),
         staging=self.staging,
         staging_endpoint=f'{host}:{self.artifact_port}',
         store=self.store,
@@ -205,13 +211,10 @@ class JobServer:
     port = self.config.status_port
     if port is None or port < 0:
       return
-    from beam_pyspark.planning import plan_pipeline  # pylint: disable=import-outside-toplevel
-    from beam_pyspark.web.graph import pipeline_svg  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusPages  # pylint: disable=import-outside-toplevel
     from beam_pyspark.web.server import StatusServer  # pylint: disable=import-outside-toplevel
-    pages = StatusPages(
-        self.service.registry,
-        plan_svg=lambda pipeline: pipeline_svg(plan_pipeline(pipeline)))
+    pages = StatusPages(self.service.registry,
+                        cancel_enabled=self.config.status_cancel)
     try:
       self._status = StatusServer(pages, self.config.job_host, port).start()
     except OSError as exn:

@@ -25,6 +25,18 @@ _DEFAULT_CONF = {
 }
 
 
+def console_progress_bar(conf: Optional[dict] = None) -> bool:
+  """Whether Spark's console progress bar is on: the running context's
+  setting, else the one a context started with ``conf`` would get."""
+  from pyspark import SparkContext
+  active = SparkContext._active_spark_context
+  if active is not None:
+    value = active.getConf().get('spark.ui.showConsoleProgress', 'false')
+  else:
+    value = dict(_DEFAULT_CONF, **(conf or {}))['spark.ui.showConsoleProgress']
+  return str(value).lower() == 'true'
+
+
 def check_java() -> None:
   java_home = os.environ.get('JAVA_HOME')
   if java_home and os.path.exists(os.path.join(java_home, 'bin', 'java')):

@@ -47,6 +47,7 @@ from beam_pyspark.spark.failures import spark_failure_message
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark.partitioning import stable_hash
+from beam_pyspark.spark.progress import ProgressTracker
 from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
 from beam_pyspark.worker.bundles import splittable_input
@@ -100,6 +101,7 @@ class SparkPipelineJob:
     self._broadcasts: list = []
     self._group_budget = group_budget(sc, self.options.group_memory_mb)
     self._succeeded = False
+    self._progress = ProgressTracker(sc, job_id)
 
   # -- public ---------------------------------------------------------------
 
@@ -152,6 +154,10 @@ class SparkPipelineJob:
 
   def _close(self) -> None:
     self._forward_logs()
+    try:  # the job's last progress, read by the execution once it ends
+      self._progress.snapshot(max_age=0)
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.debug('No final progress for %s', self.job_id, exc_info=True)
     self._release_harnesses()
     self._unpersist()
     for b in self._broadcasts:
@@ -187,6 +193,17 @@ class SparkPipelineJob:
 
   def describe(self) -> str:
     return f'Spark {self.sc.master}'
+
+  def progress(self) -> dict:
+    """Spark tasks of the job's group (spark.progress), and per fused
+    stage the tasks that reported so far ('beam_stages')."""
+    progress = dict(self._progress.snapshot())
+    ctx = self._ctx
+    reports = TaskMetrics()
+    if ctx is not None:
+      reports.add(list(ctx.metrics.value))
+    progress['beam_stages'] = reports.tasks_done()
+    return progress
 
   def _release_harnesses(self) -> None:
     """Best effort: stop the job's harnesses when the job ends.

@@ -15,6 +15,7 @@ import html
 from typing import Iterable
 from typing import Optional
 
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations as tr
 
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
@@ -75,6 +76,7 @@ def plan_graph(plan: ExecutionPlan,
       for i, s in enumerate(plan.stages)
   ]
   producers = plan.producers()
+  shuffled = _shuffled_pcollections(plan) if counts else {}
   edges = []
   for stage in plan.stages:
     feeds = [(b, False) for b in stage.inputs.values()] + [
@@ -89,10 +91,24 @@ def plan_graph(plan: ExecutionPlan,
           label = f'{counts[pcoll]:,} elements'
         elif kind == 'group':
           label = 'shuffle'
+          if shuffled.get(name) in counts:
+            label = f'shuffle, {counts[shuffled[name]]:,} elements'
         edges.append(
             Edge(source=producer.name, target=stage.name,
                  buffer=pcoll or name, side_input=side, label=label))
   return Graph(nodes, edges)
+
+
+def _shuffled_pcollections(plan: ExecutionPlan) -> dict[str, str]:
+  """GroupByKey transform id -> the PCollection it groups (its input)."""
+  components = beam_runner_api_pb2.Components.FromString(plan.components)
+  result = {}
+  for buffer_id in plan.groups:
+    _, transform_id = tr.split_buffer_id(buffer_id)
+    transform = components.transforms.get(transform_id)
+    if transform is not None and len(transform.inputs) == 1:
+      result[transform_id] = next(iter(transform.inputs.values()))
+  return result
 
 
 def _layers(graph: Graph) -> list[list[Node]]:
