@@ -48,6 +48,7 @@ from beam_pyspark.spark.checkpoints import stable_node_names
 from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark import sources
 from beam_pyspark.spark import streamreads
+from beam_pyspark.spark.keyed import KeyedPartitions
 from beam_pyspark.spark.stagegraph import StageGraph
 from beam_pyspark.spark.stagegraph import group_node
 from beam_pyspark.spark.translate import SparkPipelineJob
@@ -81,12 +82,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     super().__init__(sc, plan, job_id, options, log)
     self._nodes = StageGraph(plan, self._producers)
     self._graph = self._nodes.graph
-    # node -> partition -> its state's chain of files.
-    self._states: dict[str, dict[int, tuple]] = collections.defaultdict(dict)
-    self._next_event: dict[str, dict[int, int]] = collections.defaultdict(
-        dict)
-    self._next_processing: dict[str, dict[int, int]] = (
-        collections.defaultdict(dict))
+    self._keyed = KeyedPartitions()
     self._side_history: dict[bytes, list[bytes]] = {}
     self._side_done: set[bytes] = set()
     # Stages with side inputs: main input held back until its side inputs
@@ -107,6 +103,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._finished = False
     self._deferred_seen = 0
     self._log = streamreads.BatchLog()
+    # Keyed nodes' control records, collected at the end of each wave.
+    self._controls: list = []
+    self._control_nodes: list = []
     self._query: Optional[sources.Query] = None
     self._checkpoint: Optional[JobCheckpoint] = None
 
@@ -149,18 +148,12 @@ class StreamingPipelineJob(SparkPipelineJob):
   def _pending(self) -> bool:
     """Whether some stage has work without new input: timers due, or
     held-back input to try again."""
-    return any(self._due(node) for node in self._next_event.keys() |
-               self._next_processing.keys()) or any(
-                   self._retry_held(s) for s in self.plan.stages
-                   if s.side_inputs)
+    return any(self._due(n) for n in self._keyed.nodes_with_timers()) or any(
+        self._retry_held(s) for s in self.plan.stages if s.side_inputs)
 
   def _due(self, node: str) -> bool:
     """Whether a keyed node has timers due at its clocks."""
-    event = min(self._next_event[node].values(), default=None)
-    processing = min(self._next_processing[node].values(), default=None)
-    return ((event is not None and
-             event <= self._graph.input_watermark(node)) or
-            (processing is not None and processing <= self._now))
+    return self._keyed.due(node, self._graph.input_watermark(node), self._now)
 
   # -- the job --------------------------------------------------------------------
 
@@ -282,6 +275,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._buffer_rdds = {}
     self._side_chunks = {}
     self._side_done = set()
+    self._controls, self._control_nodes = [], []
     broadcasts = len(self._broadcasts)
     terminal = []
     try:
@@ -296,8 +290,17 @@ class StreamingPipelineJob(SparkPipelineJob):
       # Side inputs nothing read this wave still keep what was written.
       for buffer_id in self._side_buffer_ids:
         self._collect(buffer_id)
-      if terminal:
-        self._action(lambda: self.sc.union(terminal).foreach(tasks.consume))
+      # One Spark job runs what is left of the wave: the stages whose
+      # output nothing reads, and the keyed ones' reports for the driver.
+      controls, self._controls = self._controls, []
+      if terminal or controls:
+        parts = [t.filter(tasks.nothing) for t in terminal] + controls
+        by_node = collections.defaultdict(list)
+        for node, record in self._action(self.sc.union(parts).collect):
+          by_node[node].append(record)
+        for node in dict.fromkeys(self._control_nodes):
+          self._take_control(node, by_node.get(node, []))
+      self._control_nodes = []
     finally:
       self._unpersist()
       for b in self._broadcasts[broadcasts:]:
@@ -341,18 +344,13 @@ class StreamingPipelineJob(SparkPipelineJob):
       return -1
     driver = resumed.driver
     self._graph.restore(driver['graph'])
-    for table, saved in ((self._next_event, driver['next_event']),
-                         (self._next_processing, driver['next_processing'])):
-      for node, by_partition in saved.items():
-        table[node].update(by_partition)
+    self._keyed.restore(driver, resumed.states)
     self._held = dict(driver['held'])
     self._held_at = dict(driver['held_at'])
     self._first_wave = driver['first_wave']
     self._finished = driver['offer']['finished']
     self._now, self._arrival = driver['now'], driver['arrival']
     self._ctx.metrics.add(driver['metrics'])
-    for node, chains in resumed.states.items():
-      self._states[node].update(chains)
     self._side_history = resumed.side_inputs
     for node, hold in self._reads.restore(
         driver['endpoints'], self._checkpoint.local_name).items():
@@ -369,9 +367,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._ctx.metrics.value = list(metrics)
     self._checkpoint.commit(batch, {
         'graph': self._graph.snapshot(),
-        'next_event': {n: dict(t) for n, t in self._next_event.items() if t},
-        'next_processing': {
-            n: dict(t) for n, t in self._next_processing.items() if t},
+        **self._keyed.snapshot(),
         'held': dict(self._held),
         'held_at': dict(self._held_at),
         'first_wave': self._first_wave,
@@ -379,8 +375,9 @@ class StreamingPipelineJob(SparkPipelineJob):
         'arrival': self._arrival,
         'metrics': metrics,
         'endpoints': self._endpoints.renamed(self._checkpoint.stable_name),
-        'offer': self._reads.offer(self._next_processing, self._finished),
-    }, self._states, self._side_history)
+        'offer': self._reads.offer(self._keyed.next_processing_time(),
+                                   self._finished),
+    }, self._keyed.states, self._side_history)
 
   # -- stages -------------------------------------------------------------------
 
@@ -399,7 +396,7 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
     node = stage.name
-    states = self._chains(node) if stage.stateful else None
+    states = self._keyed.chains(node) if stage.stateful else None
     side_watermarks = None
     if stage.side_inputs and not stage.stateful:
       side_watermarks = self._side_watermarks(stage)
@@ -461,19 +458,25 @@ class StreamingPipelineJob(SparkPipelineJob):
       records = shuffle_chunks(self._union(producers), self._parallelism)
     else:
       records = self.sc.parallelize([], self._parallelism)
-    wave = tasks.StreamWave(node, self._clocks(node), self._chains(node),
+    wave = tasks.StreamWave(node, self._clocks(node), self._keyed.chains(node),
                             self._checkpoint.path, serial=self._waves)
     out = records.mapPartitionsWithIndex(
         tasks.StreamGroup(self._ctx, self.plan.groups[buffer_id], wave))
     return self._keyed_output(node, out)
 
   def _keyed_output(self, node: str, out):
-    """Runs a node's tasks now: their reports update its state, holds and
-    timers, and the main input they held back is kept for a later wave;
-    its data is read from the persisted output."""
+    """A node's output, persisted: its data for its consumers; its reports
+    (state, holds, timers), held-back main input and residual restrictions
+    are collected for the driver at the wave's end (``_take_control``)."""
     out = out.persist()
     self._persisted.append(out)
-    control = self._action(out.filter(is_control).collect)
+    self._controls.append(out.filter(is_control).map(tasks.Tag(node)))
+    self._control_nodes.append(node)
+    return out.filter(is_data)
+
+  def _take_control(self, node: str, control: list) -> None:
+    """A node's reports update its state, holds and timers; main input it
+    held back is kept for a later wave."""
     reports = [record for tag, record in control if tag == REPORT_TAG]
     held = [record for tag, record in control if tag == HELD_TAG]
     if node in self._reads.splittable:
@@ -486,22 +489,10 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._graph.set_hold(node, 'held', min(
         (ts for _, _, ts in held), default=None))
     for report in reports:
-      p = report.partition
-      before = self._states[node].get(p)
-      if report.state != before:
-        self._checkpoint.state_changed(node, p, before, report.state)
-      if report.state is None:
-        self._states[node].pop(p, None)
-      else:
-        self._states[node][p] = report.state
-      self._graph.set_hold(node, ('partition', p), report.hold)
-      _set(self._next_event[node], p, report.next_event)
-      _set(self._next_processing[node], p, report.next_processing)
-    return out.filter(is_data)
+      self._graph.set_hold(node, ('partition', report.partition),
+                           self._keyed.report(
+                               node, report, self._checkpoint.state_changed))
 
-  def _chains(self, node: str) -> dict:
-    """Each partition's state chain (a few names: tasks read the files)."""
-    return dict(self._states.get(node) or {})
   def _collect(self, buffer_id: bytes) -> list[bytes]:
     """A side input: everything its PCollection produced so far."""
     history = self._side_history.setdefault(buffer_id, [])
@@ -511,10 +502,4 @@ class StreamingPipelineJob(SparkPipelineJob):
         history.extend(self._action(self._buffer(buffer_id).collect))
     return list(history)
 
-
-def _set(table: dict, partition: int, value: Optional[int]) -> None:
-  if value is None:
-    table.pop(partition, None)
-  else:
-    table[partition] = value
 

@@ -73,16 +73,12 @@ class StreamReads:
         e.endpoint_id, e.input_id, e.element, grant, shares[e.endpoint_id]))
             for e, grant in granted]
 
-  def offer(self, next_processing: dict, finished: bool) -> dict:
+  def offer(self, next_processing: Optional[int], finished: bool) -> dict:
     """What the query's source offers the next micro-batch from: the
     endpoints, when the next processing-time timer is due, whether the
     job's sources are done (no micro-batch is offered any more)."""
-    return {
-        'endpoints': self.book.offer(),
-        'next_processing': min((t for table in next_processing.values()
-                                for t in table.values()), default=None),
-        'finished': finished,
-    }
+    return {'endpoints': self.book.offer(),
+            'next_processing': next_processing, 'finished': finished}
 
   def restore(self, saved: dict, rename) -> dict[str, Optional[int]]:
     """The endpoints a checkpoint committed; each node's hold."""

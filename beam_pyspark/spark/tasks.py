@@ -144,6 +144,11 @@ def consume(_):
   pass
 
 
+def nothing(_) -> bool:
+  """A filter that keeps nothing (an output run for its effects only)."""
+  return False
+
+
 def untag(record):
   return record[1]
 
