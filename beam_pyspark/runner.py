@@ -116,6 +116,10 @@ class PySparkRunner(runner.PipelineRunner):
 
   def run_portable_pipeline(self, pipeline, options):
     runner_options = RunnerOptions.from_pipeline_options(options)
+    # Decided before the job's thread starts: that thread imports pyspark,
+    # and a second import of it from this thread at the same time finds it
+    # half initialized (an ImportError of pyspark.serializers).
+    progress_mode = _progress_mode(runner_options)
     registry = job_registry()
     status_url = None
     if runner_options.status_port is not None:
@@ -142,7 +146,7 @@ class PySparkRunner(runner.PipelineRunner):
     registry.run(job.job_id, invoke=invoke)
     return PySparkPipelineResult(
         registry, job.job_id, executions[0],
-        _progress_reporter(runner_options, registry, executions[0]))
+        _progress_reporter(progress_mode, registry, executions[0]))
 
 
 _REGISTRY: Optional[JobRegistry] = None
@@ -190,10 +194,9 @@ def _progress_mode(options: RunnerOptions) -> str:
       console.LOG)
 
 
-def _progress_reporter(options: RunnerOptions, registry: JobRegistry,
+def _progress_reporter(mode: str, registry: JobRegistry,
                        execution: PipelineExecution
                        ) -> Optional[console.ProgressReporter]:
-  mode = _progress_mode(options)
   if mode == console.OFF:
     return None
   job_id = execution.job_id

@@ -98,7 +98,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._teststream = any(s.kind == 'teststream' for s in plan.stages)
     self._committed = -1  # the last micro-batch committed
     # The live restrictions of splittable stages between micro-batches.
-    self._reads = streamreads.StreamReads(plan, self.options)
+    self._reads = streamreads.StreamReads(
+        plan, self.options, most_endpoints=2 * self._parallelism)
     self._endpoints = self._reads.book
     self._finished = False
     self._deferred_seen = 0
@@ -241,12 +242,18 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._now = max(self._now, batch.processing_time)
     self._settle()
     self._finished = index >= len(self._batches) - 1 and not self._endpoints
+    # What the batch did, in the job's metrics before they are committed
+    # with it (a batch run again after a crash counts once).
+    text, infos = self._log.add(
+        index, time.monotonic() - started, self._waves - waves,
+        trigger.grants, granted, self._endpoints,
+        {self._nodes.display_names().get(n, n): self._graph.output_watermark(n)
+         for n in self._reads.splittable})
+    self._ctx.metrics.add([(f'@micro-batch {index}', 0, infos)])
     self._commit(index)
     self._committed = index
     self._finalize_committed()
-    self.log(self._log.add(index, time.monotonic() - started,
-                           self._waves - waves, trigger.grants, granted,
-                           self._endpoints), _DETAILED)
+    self.log(text, _DETAILED)
 
   def _finalize_committed(self, final: bool = False) -> None:
     """Once a micro-batch committed: the bundles waiting for it."""

@@ -25,6 +25,7 @@ from beam_pyspark.streaming import MAX_MICROS
 from beam_pyspark.streaming import MIN_MICROS
 from beam_pyspark.streaming.endpoints import EndpointBook
 from beam_pyspark.streaming.endpoints import byte_shares
+from beam_pyspark.streaming.endpoints import to_split
 from beam_pyspark.worker import endpoints as worker_endpoints
 from beam_pyspark.worker.bundles import splittable_input
 
@@ -32,8 +33,11 @@ RESIDUAL_TAG = worker_endpoints.RESIDUAL_TAG
 
 
 class StreamReads:
-  def __init__(self, plan: ExecutionPlan, options: RunnerOptions):
+  def __init__(self, plan: ExecutionPlan, options: RunnerOptions,
+               most_endpoints: int = 4):
     self.options = options
+    # A read's busy endpoints are split while it has fewer than this.
+    self.most_endpoints = most_endpoints
     self.book = EndpointBook()
     # node -> [(endpoint, grant)] granted in this micro-batch's first wave.
     self.granted: dict[str, list] = {}
@@ -69,9 +73,12 @@ class StreamReads:
       return []
     shares = byte_shares([e.endpoint_id for e, _ in granted],
                          self.options.bytes_per_batch)
+    # Those still in the book, and those granted (back as residuals soon).
+    live = len(self.book.of(stage.name)) + len(granted)
+    split = to_split(granted, live, self.most_endpoints)
     return [(worker_endpoints.ENDPOINT_TAG, worker_endpoints.Granted(
-        e.endpoint_id, e.input_id, e.element, grant, shares[e.endpoint_id]))
-            for e, grant in granted]
+        e.endpoint_id, e.input_id, e.element, grant, shares[e.endpoint_id],
+        e.endpoint_id in split)) for e, grant in granted]
 
   def offer(self, next_processing: Optional[int], finished: bool) -> dict:
     """What the query's source offers the next micro-batch from: the
@@ -91,7 +98,7 @@ class StreamReads:
     for tag, r in control:
       if tag == RESIDUAL_TAG:
         self.book.add(node, r.input_id, r.element, r.watermark, r.resume_at,
-                      r.backlog, r.parent)
+                      r.backlog, r.parent, r.busy)
     return self.book.hold(node)
 
 
@@ -106,14 +113,23 @@ def finalize_committed(sc, job_id: str, committed: int) -> None:
       tasks.FinalizeCommitted(job_id, committed))
 
 
+# The runner's own metrics of a streaming job (result.metrics(), the
+# status page, /metrics), under this namespace and step.
+METRICS_NAMESPACE = 'beam_pyspark.streaming'
+METRICS_STEP = 'streaming'
+
+
 class BatchLog:
-  """What each micro-batch did: a detailed job message each, and the last
-  ones kept for the status page."""
+  """What each micro-batch did: a detailed job message, metrics, and the
+  last ones kept for the status page."""
   def __init__(self, keep: int = 100):
     self.recent: collections.deque = collections.deque(maxlen=keep)
 
   def add(self, index: int, secs: float, waves: int, grants: dict,
-          granted: int, book: EndpointBook) -> str:
+          granted: int, book: EndpointBook,
+          watermarks: dict[str, int]) -> tuple[str, list[bytes]]:
+    """(the job message, serialized MonitoringInfos) of micro-batch
+    ``index``; ``watermarks``: each read's output watermark."""
     budget = sum(g for g in grants.values() if g is not None)
     backlog = sum(e.backlog or 0 for e in book.of_all())
     self.recent.append({
@@ -124,7 +140,35 @@ class BatchLog:
     if granted or book:
       text += (f'; read {granted} restriction(s) granted {budget} record(s), '
                f'{len(book)} left (backlog {backlog:g})')
-    return text
+    return text, [m.SerializeToString() for m in _batch_metrics(
+        secs, budget, len(book), backlog, watermarks)]
+
+
+def _batch_metrics(secs: float, granted: int, endpoints: int, backlog: float,
+                   watermarks: dict[str, int]) -> list:
+  from apache_beam.metrics import monitoring_infos as mi
+  from apache_beam.metrics.cells import DistributionData
+  from apache_beam.metrics.cells import GaugeData
+  ns, step = METRICS_NAMESPACE, METRICS_STEP
+  millis = int(secs * 1000)
+  now = int(time.time() * 1000)
+  infos = [
+      mi.int64_user_counter(ns, 'micro_batches', 1, ptransform=step),
+      mi.int64_user_counter(ns, 'records_granted', granted, ptransform=step),
+      mi.int64_user_distribution(
+          ns, 'micro_batch_millis',
+          DistributionData(millis, 1, millis, millis), ptransform=step),
+      mi.int64_user_gauge(ns, 'endpoints', GaugeData(endpoints, now),
+                          ptransform=step),
+      mi.int64_user_gauge(ns, 'backlog', GaugeData(int(backlog), now),
+                          ptransform=step),
+  ]
+  for read, micros in sorted(watermarks.items()):
+    if MIN_MICROS < micros < MAX_MICROS:
+      infos.append(mi.int64_user_gauge(
+          ns, 'output_watermark_millis', GaugeData(micros // 1000, now),
+          ptransform=read))
+  return infos
 
 
 def _when(micros: Optional[int]) -> Optional[str]:

@@ -41,6 +41,8 @@ class Endpoint:
   watermark: Optional[int]  # output watermark its estimator reported
   resume_at: int  # wall-clock micros it may run again from
   backlog: Optional[float]  # its restriction's size; None: unknown
+  # It had more to read than its last grant (the runner checkpointed it).
+  busy: bool = False
 
 
 class EndpointBook:
@@ -57,8 +59,8 @@ class EndpointBook:
 
   def add(self, node: str, input_id: str, element: bytes,
           watermark: Optional[int], resume_at: int,
-          backlog: Optional[float], endpoint_id: Optional[str] = None
-          ) -> Endpoint:
+          backlog: Optional[float], endpoint_id: Optional[str] = None,
+          busy: bool = False) -> Endpoint:
     """A live restriction; ``endpoint_id``: the id of the endpoint it is
     what is left of, kept (a shard keeps its id from batch to batch), if
     no endpoint has it now; else a new id."""
@@ -66,7 +68,7 @@ class EndpointBook:
       self._serial += 1
       endpoint_id = f'{self._serial}'
     endpoint = Endpoint(endpoint_id, node, input_id, element, watermark,
-                        resume_at, backlog)
+                        resume_at, backlog, busy)
     self._endpoints[endpoint.endpoint_id] = endpoint
     return endpoint
 
@@ -127,6 +129,20 @@ class EndpointBook:
     saved['endpoints'] = [
         (f[0], rename(f[1])) + tuple(f[2:]) for f in saved['endpoints']]
     return saved
+
+
+def to_split(granted: list[tuple[Endpoint, Optional[int]]], live: int,
+             most: int) -> set[str]:
+  """Which granted endpoints of a read to split in two as they run: the
+  busy ones (they had more to read than their last grant), while the
+  read has fewer than ``most`` endpoints (``live`` now): a backlog
+  skewed onto one restriction spreads over more endpoints, each granted
+  its share of later budgets."""
+  chosen = set()
+  for endpoint, _ in sorted(granted, key=lambda g: _order(g[0].endpoint_id)):
+    if endpoint.busy and live + len(chosen) < most:
+      chosen.add(endpoint.endpoint_id)
+  return chosen
 
 
 def _order(endpoint_id: str):

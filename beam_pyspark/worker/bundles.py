@@ -200,7 +200,8 @@ class StageRunner:
           yield from self._limited_bundle(
               {data.input_id: [data.element]}, {},
               endpoints.Limits(data.grant, self._limits.secs,
-                               data.grant_bytes), data.endpoint_id)
+                               data.grant_bytes), data.endpoint_id,
+              data.split)
           continue
         pending.setdefault(transform_id, []).append(data)
         size += len(data)
@@ -270,21 +271,22 @@ class StageRunner:
         time.sleep(min(delay, MAX_RESUME_DELAY_SECS))
 
   def _limited_bundle(self, data, timers, limits: endpoints.Limits,
-                      endpoint_id: Optional[str] = None
+                      endpoint_id: Optional[str] = None, halve: bool = False
                       ) -> Iterator[tuple[str, object]]:
-    """One bundle of a streaming splittable stage within ``limits``; what
-    it leaves (self-checkpoints, the runner's checkpoint) as residuals, the
-    first of them the endpoint ``endpoint_id`` carried on."""
+    """One bundle of a streaming splittable stage within ``limits``
+    (``halve``: its restriction split in two as it starts); what it leaves
+    (self-checkpoints, the runner's splits) as residuals, the first of
+    them the endpoint ``endpoint_id`` carried on."""
     parent = [endpoint_id]
 
     def heir() -> Optional[str]:
       return parent.pop() if parent else None
 
     try:
-      response = yield from self._process(data, timers, limits)
+      response = yield from self._process(data, timers, limits, halve)
     finally:
       # Also when the bundle failed: its checkpointer polls no more.
-      split = self._checkpoint.stop() if self._checkpoint else None
+      splits = self._checkpoint.stop() if self._checkpoint else []
       self._checkpoint = None
     self._finalize()
     runtime, coders = self.runtime, self.stage.input_coders
@@ -295,14 +297,13 @@ class StageRunner:
                if root.HasField('requested_time_delay') else 0)
       yield endpoints.RESIDUAL_TAG, endpoints.residual(
           runtime, coders[input_id], input_id, app, delay, heir())
-    if split is None:
-      return
-    for root in split.residual_roots:
+    # The runner's splits: what it took from the bundle had more to read.
+    for root in (r for split in splits for r in split.residual_roots):
       app = root.application
       input_id = self._input_for(app.transform_id, app.input_id)
       yield endpoints.RESIDUAL_TAG, endpoints.residual(
-          runtime, coders[input_id], input_id, app, parent=heir())
-    for channel in split.channel_splits:
+          runtime, coders[input_id], input_id, app, parent=heir(), busy=True)
+    for channel in (c for split in splits for c in split.channel_splits):
       transform_id = channel.transform_id
       impl = runtime.coder_impl(coders[transform_id])
       for index, element in enumerate(
@@ -311,7 +312,7 @@ class StageRunner:
           yield endpoints.RESIDUAL_TAG, endpoints.unread(
               runtime, coders[transform_id], transform_id, element)
 
-  def _watch(self, limits: endpoints.Limits):
+  def _watch(self, limits: endpoints.Limits, halve: bool = False):
     """A function starting the checkpointer of a bundle (its id given)."""
     found = endpoints.splittable_transform(self._descriptor)
     input_id = splittable_input(self._descriptor)
@@ -321,13 +322,15 @@ class StageRunner:
 
     def watch(instruction_id: str) -> endpoints.Checkpointer:
       self._checkpoint = endpoints.Checkpointer(
-          self._harness, instruction_id, input_id, counted, limits).start()
+          self._harness, instruction_id, input_id, counted, limits,
+          halve).start()
       return self._checkpoint
 
     return watch
 
   def _process(
-      self, data, timers, limits: Optional[endpoints.Limits] = None
+      self, data, timers, limits: Optional[endpoints.Limits] = None,
+      halve: bool = False
   ) -> Generator[tuple[str, bytes], None, beam_fn_api_pb2.InstructionResponse]:
     """Runs one bundle: yields its data output as the harness writes it and
     records the timers it sets; returns its response, once all of its output
@@ -341,7 +344,8 @@ class StageRunner:
     # Every input and timer stream is sent, closed, even when empty: a
     # harness over gRPC waits for the end of each.
     inputs = {t: data.get(t, ()) for t in self.stage.inputs}
-    watch = self._watch(limits) if limits is not None and data else None
+    watch = (self._watch(limits, halve) if limits is not None and data
+             else None)
     output = self._start(inputs, fired_timers, watch)
     try:
       for element in output:

@@ -62,6 +62,9 @@ class Granted:
   element: bytes
   grant: Optional[int]  # records (None: no limit)
   grant_bytes: Optional[int] = None
+  # Split it in two as it starts (it used all of its last grant: a busy
+  # endpoint, whose backlog more endpoints read sooner).
+  split: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +82,9 @@ class Residual:
   backlog: Optional[float]
   # The endpoint it is what is left of (its first residual keeps its id).
   parent: Optional[str] = None
+  # Left by the runner's checkpoint (the bundle reached its limits), not
+  # by the restriction's own: it had more to read than it was granted.
+  busy: bool = False
 
 
 def splittable_transform(descriptor) -> Optional[tuple[str, list[str]]]:
@@ -93,14 +99,15 @@ def splittable_transform(descriptor) -> Optional[tuple[str, list[str]]]:
 
 def residual(runtime, coder_id: str, input_id: str,
              application: beam_fn_api_pb2.BundleApplication,
-             delay_micros: int = 0, parent: Optional[str] = None) -> Residual:
+             delay_micros: int = 0, parent: Optional[str] = None,
+             busy: bool = False) -> Residual:
   """A residual root (self- or runner-initiated checkpoint) as a Residual."""
   marks = [ts.seconds * 1_000_000 + ts.nanos // 1000
            for ts in application.output_watermarks.values()]
   return Residual(
       input_id, application.element, min(marks) if marks else None,
       _now_micros() + max(0, delay_micros),
-      backlog_of(runtime, coder_id, application.element), parent)
+      backlog_of(runtime, coder_id, application.element), parent, busy)
 
 
 def unread(runtime, coder_id: str, input_id: str, element: bytes) -> Residual:
@@ -138,13 +145,16 @@ class Checkpointer:
   cannot split yet (between claims) is asked again at the next poll.
   """
   def __init__(self, harness, instruction_id: str, input_id: str,
-               counted: list[str], limits: Limits):
+               counted: list[str], limits: Limits, split: bool = False):
     self.harness = harness
     self.instruction_id = instruction_id
     self.input_id = input_id
     self.counted = set(counted)
     self.limits = limits
-    self.result: Optional[beam_fn_api_pb2.ProcessBundleSplitResponse] = None
+    # First split the bundle's restriction in two, as soon as it runs.
+    self.split = split
+    # The splits taken: the halving (if asked), then the checkpoint.
+    self.results: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
     self._finished = threading.Event()
     self._thread = threading.Thread(
         target=self._watch, name=f'checkpoint-{instruction_id}', daemon=True)
@@ -153,11 +163,12 @@ class Checkpointer:
     self._thread.start()
     return self
 
-  def stop(self) -> Optional[beam_fn_api_pb2.ProcessBundleSplitResponse]:
-    """Once the bundle ended: the checkpoint taken, if any."""
+  def stop(self) -> list[beam_fn_api_pb2.ProcessBundleSplitResponse]:
+    """Once the bundle ended: the splits taken (none, the halving, the
+    checkpoint)."""
     self._finished.set()
     self._thread.join()
-    return self.result
+    return self.results
 
   def _watch(self) -> None:
     started = time.monotonic()
@@ -170,6 +181,8 @@ class Checkpointer:
         wait = MAX_POLL_SECS / 5
         continue
       count, size = progress
+      if self.split and self._split(0.5):
+        self.split = False
       due = limit is not None and count >= limit
       due = due or (self.limits.size is not None and size >= self.limits.size)
       # Out of time: once it output something (a harness slow to set its
@@ -177,7 +190,7 @@ class Checkpointer:
       # endpoint could never progress), or after much longer.
       due = due or (elapsed >= self.limits.secs and count > 0) or (
           elapsed >= STALL_FACTOR * self.limits.secs)
-      if due and self._checkpoint():
+      if due and self._split(0):
         return
       # Poll again about when half the rest of the grant is due at this
       # rate, or the time is up.
@@ -214,7 +227,10 @@ class Checkpointer:
     size = count * sampled_bytes / sampled if sampled else 0.0
     return count, size
 
-  def _checkpoint(self) -> bool:
+  def _split(self, fraction: float) -> bool:
+    """Splits the running bundle at ``fraction`` of its remainder (0: a
+    checkpoint); whether it split (a restriction that cannot split, e.g.
+    an unbounded one halved, or a bundle between claims, does not)."""
     if self._finished.is_set():
       return True
     try:
@@ -223,7 +239,7 @@ class Checkpointer:
               instruction_id=self.instruction_id,
               desired_splits={
                   self.input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.
-                  DesiredSplit(fraction_of_remainder=0)
+                  DesiredSplit(fraction_of_remainder=fraction)
               })))
     except Exception:  # pylint: disable=broad-except
       return False  # the bundle ended meanwhile, or the harness went
@@ -231,6 +247,6 @@ class Checkpointer:
       return False
     split = response.process_bundle_split
     if split.residual_roots or split.channel_splits:
-      self.result = split
+      self.results.append(split)
       return True
     return False
