@@ -161,6 +161,7 @@ class StageRunner:
     self._limits = limits
     self._defer_finalization = defer_finalization
     self._checkpoint: Optional[endpoints.Checkpointer] = None
+    self._claims_exhausted = False
     self._to_finalize: list[str] = []
     self._timer_impls = {
         (t.transform_id, t.family_id): runtime.coder_impl(t.coder_id)
@@ -290,13 +291,15 @@ class StageRunner:
       self._checkpoint = None
     self._finalize()
     runtime, coders = self.runtime, self.stage.input_coders
+    # Its own checkpoints; busy if they were the claim budget's.
+    busy = self._claims_exhausted
     for root in response.process_bundle.residual_roots:
       app = root.application
       input_id = self._input_for(app.transform_id, app.input_id)
       delay = (root.requested_time_delay.ToMicroseconds()
                if root.HasField('requested_time_delay') else 0)
       yield endpoints.RESIDUAL_TAG, endpoints.residual(
-          runtime, coders[input_id], input_id, app, delay, heir())
+          runtime, coders[input_id], input_id, app, delay, heir(), busy)
     # The runner's splits: what it took from the bundle had more to read.
     for root in (r for split in splits for r in split.residual_roots):
       app = root.application
@@ -320,10 +323,10 @@ class StageRunner:
       return None
     counted = found[1]
 
-    def watch(instruction_id: str) -> endpoints.Checkpointer:
+    def watch(instruction_id: str, budget=None) -> endpoints.Checkpointer:
       self._checkpoint = endpoints.Checkpointer(
           self._harness, instruction_id, input_id, counted, limits,
-          halve).start()
+          halve, budget).start()
       return self._checkpoint
 
     return watch
@@ -346,7 +349,9 @@ class StageRunner:
     inputs = {t: data.get(t, ()) for t in self.stage.inputs}
     watch = (self._watch(limits, halve) if limits is not None and data
              else None)
-    output = self._start(inputs, fired_timers, watch)
+    claims = limits.records if watch is not None else None
+    output = self._start(inputs, fired_timers, watch, claims,
+                         halve and watch is not None)
     try:
       for element in output:
         if isinstance(element, beam_fn_api_pb2.Elements.Timers):
@@ -365,23 +370,30 @@ class StageRunner:
     response = output.response
     if response.error:
       raise PipelineExecutionError(response.error)
+    self._claims_exhausted = getattr(output, 'claims_exhausted', False)
     self._bundles += 1
     self._metrics.extend(response.process_bundle.monitoring_infos)
     if response.process_bundle.requires_finalization:
       self._to_finalize.append(output.instruction_id)
     return response
 
-  def _start(self, inputs, fired_timers, watch=None) -> harnesses.BundleOutput:
+  def _start(self, inputs, fired_timers, watch=None,
+             claims: Optional[int] = None,
+             halve: bool = False) -> harnesses.BundleOutput:
     """Starts a bundle on the task's harness; ``watch(instruction id)``
-    starts watching it once it runs (streaming reads' checkpoints)."""
+    starts watching it once it runs (streaming reads' checkpoints);
+    ``claims``: what its restriction trackers may claim (an in-process
+    harness enforces it, worker.endpoints)."""
     h = self._harness
     iid = h.next_instruction_id()
     if not h.collects_output:
+      extra = {} if claims is None else {'claim_limit': claims,
+                                          'halve': halve}
       output = h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
-          split=self._split, cache_token=self._cache_token)
+          split=self._split, cache_token=self._cache_token, **extra)
       if watch is not None:
-        watch(iid)
+        watch(iid, getattr(output, 'claim_budget', None))
       return output
     if watch is not None:
       # This harness runs the bundle to its end in process_bundle: it

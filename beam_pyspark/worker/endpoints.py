@@ -87,6 +87,90 @@ class Residual:
   busy: bool = False
 
 
+# -- claim budgets: a grant enforced at the restriction tracker ---------------
+
+
+class ClaimBudget:
+  """Claims one bundle's restriction trackers may still succeed at; and,
+  for a bundle whose restriction the runner splits in two as it starts,
+  the rendezvous of that split (``first_claim``, then ``halved``)."""
+  def __init__(self, limit: int, halve: bool = False):
+    self.limit = limit
+    self.claims = 0
+    self.exhausted = False
+    self.halve = halve
+    self.first_claim = threading.Event()
+    self.halved = threading.Event()
+
+
+# Bundle thread name -> its budget (an in-process harness runs each bundle
+# in a thread of its own, worker.harnesses.embedded).
+_claim_budgets: dict[str, ClaimBudget] = {}
+_installed = False
+
+
+# How long a bundle waits at its first claim for the runner to split it.
+HALVE_WAIT_SECS = 2.0
+
+
+def set_claim_budget(thread_name: str, limit: Optional[int],
+                     halve: bool = False) -> Optional[ClaimBudget]:
+  """Limits the claims of the bundle that runs in thread ``thread_name``:
+  once a restriction tracker of it claimed ``limit`` positions, it checkpoints
+  itself (``defer_remainder``): its next claim fails, the DoFn returns, and
+  the rest is the bundle's residual. Polling the bundle's progress
+  (``Checkpointer``) cannot do that for a fast source: Python switches
+  threads every few milliseconds, in which an SDF outputs thousands of
+  records. ``halve``: at its first claim the bundle waits (at most
+  HALVE_WAIT_SECS) for the runner to split its restriction in two
+  (``Checkpointer``), which a fast source would otherwise have finished
+  reading before the runner's split request is served."""
+  if limit is None and not halve:
+    return None
+  _install()
+  budget = _claim_budgets[thread_name] = ClaimBudget(
+      max(1, limit) if limit is not None else 1 << 62, halve)
+  return budget
+
+
+def clear_claim_budget(thread_name: str) -> None:
+  _claim_budgets.pop(thread_name, None)
+
+
+def _install() -> None:
+  """Beam's invoker wraps each restriction tracker in its module's
+  ThreadsafeRestrictionTracker: that name, in this process, becomes a
+  subclass that counts the claims of bundles with a budget (others pay a
+  dict lookup per claim)."""
+  global _installed
+  if _installed:
+    return
+  from apache_beam.runners import common
+  from apache_beam.runners import sdf_utils
+  base = sdf_utils.ThreadsafeRestrictionTracker
+
+  class BudgetedRestrictionTracker(base):
+    def try_claim(self, position):
+      claimed = base.try_claim(self, position)
+      if claimed and _claim_budgets:
+        budget = _claim_budgets.get(threading.current_thread().name)
+        if budget is None:
+          return claimed
+        if budget.halve and not budget.first_claim.is_set():
+          budget.first_claim.set()
+          budget.halved.wait(HALVE_WAIT_SECS)
+        budget.claims += 1
+        if budget.claims >= budget.limit:
+          # The claimed position is read; what follows is the residual
+          # (and every later restriction of the bundle reads one record).
+          budget.exhausted = True
+          self.defer_remainder()
+      return claimed
+
+  common.ThreadsafeRestrictionTracker = BudgetedRestrictionTracker
+  _installed = True
+
+
 def splittable_transform(descriptor) -> Optional[tuple[str, list[str]]]:
   """The descriptor's splittable DoFn: (its transform id, the PCollections
   it outputs), whose elements are what a grant counts."""
@@ -145,8 +229,11 @@ class Checkpointer:
   cannot split yet (between claims) is asked again at the next poll.
   """
   def __init__(self, harness, instruction_id: str, input_id: str,
-               counted: list[str], limits: Limits, split: bool = False):
+               counted: list[str], limits: Limits, split: bool = False,
+               budget: Optional[ClaimBudget] = None):
     self.harness = harness
+    # An in-process bundle's claim budget: it says when to halve it.
+    self.budget = budget
     self.instruction_id = instruction_id
     self.input_id = input_id
     self.counted = set(counted)
@@ -171,6 +258,16 @@ class Checkpointer:
     return self.results
 
   def _watch(self) -> None:
+    budget = self.budget
+    if self.split and budget is not None:
+      # The bundle waits at its first claim for this split.
+      while not (budget.first_claim.wait(MAX_POLL_SECS) or
+                 self._finished.is_set()):
+        pass
+      if budget.first_claim.is_set():
+        self._split(0.5)
+      self.split = False
+      budget.halved.set()
     started = time.monotonic()
     limit = self.limits.records
     wait = MIN_POLL_SECS

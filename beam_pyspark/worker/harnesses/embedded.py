@@ -30,6 +30,7 @@ from apache_beam.runners.worker import data_plane
 from apache_beam.runners.worker import sdk_worker
 from apache_beam.runners.worker import statecache
 
+from beam_pyspark.worker import endpoints
 from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
 from beam_pyspark.worker.harnesses.base import OutputElement
 from beam_pyspark.worker.harnesses.base import send_input
@@ -140,9 +141,11 @@ class _HarnessChannel(data_plane.InMemoryDataChannel):
 class StreamedBundle:
   """The BundleOutput of a bundle running in a harness thread."""
   def __init__(self, harness: 'EmbeddedHarness', instruction_id: str,
-               out: _OutputQueue, thread: threading.Thread):
+               out: _OutputQueue, thread: threading.Thread,
+               budget: Optional[endpoints.ClaimBudget] = None):
     self.instruction_id = instruction_id
     self.response = None
+    self._budget = budget
     self._harness = harness
     self._out = out
     self._thread = thread
@@ -168,6 +171,15 @@ class StreamedBundle:
       if end is None:
         self.close()
     self._end(end)
+
+  @property
+  def claim_budget(self) -> Optional[endpoints.ClaimBudget]:
+    return self._budget
+
+  @property
+  def claims_exhausted(self) -> bool:
+    """Its claim budget ran out (the bundle checkpointed itself for it)."""
+    return self._budget is not None and self._budget.exhausted
 
   def _end(self, end: _End) -> None:
     self._open = False
@@ -246,8 +258,13 @@ class EmbeddedHarness:
 
   def process_bundle(self, descriptor, iid: str, data: dict, timers: dict,
                      expected: list, split=None,
-                     cache_token: Optional[bytes] = None) -> StreamedBundle:
-    """Starts one bundle in a thread of its own; returns its output stream."""
+                     cache_token: Optional[bytes] = None,
+                     claim_limit: Optional[int] = None,
+                     halve: bool = False) -> StreamedBundle:
+    """Starts one bundle in a thread of its own; returns its output stream.
+    ``claim_limit``: the claims its restriction trackers may succeed at
+    before they checkpoint themselves (worker.endpoints); whether they ran
+    out is the stream's ``claims_exhausted`` once it ended."""
     if self.abandoned:
       raise RuntimeError('this harness was dropped after an aborted bundle')
     send_input(self.runner_side, iid, data, timers)
@@ -257,19 +274,22 @@ class EmbeddedHarness:
         process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
             process_bundle_descriptor_id=descriptor.id,
             cache_tokens=user_state_tokens(cache_token)))
+    name = BUNDLE_THREAD_PREFIX + iid
+    budget = endpoints.set_claim_budget(name, claim_limit, halve)
     thread = threading.Thread(
-        target=self._run_bundle, args=(request, out),
-        name=BUNDLE_THREAD_PREFIX + iid, daemon=True)
+        target=self._run_bundle, args=(request, out, name),
+        name=name, daemon=True)
     self._running += 1
     try:
       thread.start()
     except BaseException:
       self._running -= 1
       self.harness_side.queues.pop(iid, None)
+      endpoints.clear_claim_budget(name)
       raise
-    return StreamedBundle(self, iid, out, thread)
+    return StreamedBundle(self, iid, out, thread, budget)
 
-  def _run_bundle(self, request, out: _OutputQueue) -> None:
+  def _run_bundle(self, request, out: _OutputQueue, name: str) -> None:
     response = error = None
     try:
       response = self.worker.do_instruction(request)
@@ -277,6 +297,7 @@ class EmbeddedHarness:
       error = exn  # raised in the reader's thread
     finally:
       self.harness_side.queues.pop(request.instruction_id, None)
+      endpoints.clear_claim_budget(name)
     try:
       out.put(_End(response, error))
     except BundleAborted:
