@@ -17,6 +17,10 @@ again after a crash rewrites the same files, and any output that differs
 --kill-mid-batch: the task that meets element KILL_AT (in micro-batch 3)
 SIGKILLs this driver, once (a marker file in OUT_DIR says it happened).
 
+--stall=DIR: the task that meets the element the kill would happen at
+writes its Python worker's pid to DIR/executor and waits, on its first
+attempt only (a cluster test kills that worker's executor).
+
 --source=sdf: the events come from an unbounded splittable DoFn instead
 (SHARDS restrictions, each RECORDS records at rising event times, each
 checkpointing itself every CHUNK records and reporting its watermark),
@@ -28,6 +32,7 @@ the same panes). The task that meets element SDF_KILL_AT kills the driver.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -102,6 +107,28 @@ class _Shards(beam.DoFn):
     tracker.defer_remainder()
 
 
+class _StallOnce(beam.DoFn):
+  """On its first attempt, the task that meets element ``at`` writes its
+  Python worker's pid to MARKERS/executor and waits to be killed (with
+  its executor, by the test); a retry goes on."""
+  def __init__(self, markers, at):
+    self.markers = markers
+    self.at = at
+
+  def process(self, element):
+    if element[1] == self.at:
+      marker = os.path.join(self.markers, 'executor')
+      try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+      except FileExistsError:
+        pass  # a retry
+      else:
+        os.write(fd, json.dumps({'pid': os.getpid()}).encode())
+        os.close(fd)
+        time.sleep(600)
+    yield element
+
+
 def sdf_events(p):
   return p | beam.Create(list(range(SHARDS))) | beam.ParDo(_Shards())
 
@@ -168,12 +195,15 @@ class _WriteOnce(beam.DoFn):
     os.replace(tmp, os.path.join(directory, name))
 
 
-def build(p, out_dir, kill=False, source='teststream'):
+def build(p, out_dir, kill=False, source='teststream', stall=None):
   sdf = source == 'sdf'
   events = sdf_events(p) if sdf else p | test_stream()
   if kill:
     events = events | 'Kill' >> beam.ParDo(
         _KillDriver(out_dir, SDF_KILL_AT if sdf else KILL_AT))
+  if stall:
+    events = events | 'Stall' >> beam.ParDo(
+        _StallOnce(stall, SDF_KILL_AT if sdf else KILL_AT))
   if sdf:
     windowed = events | beam.WindowInto(window.FixedWindows(20))
   else:
@@ -221,12 +251,14 @@ def main(argv):
   out_dir, checkpoint = argv[1], argv[2]
   kill = '--kill-mid-batch' in argv
   source = 'sdf' if '--source=sdf' in argv else 'teststream'
+  stall = next((a.split('=', 1)[1] for a in argv if a.startswith('--stall=')),
+               None)
   logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
   with open(os.path.join(out_dir, 'driver.pid'), 'w', encoding='utf-8') as f:
     f.write(str(os.getpid()))
   # Other flags are pipeline options (a cluster's master, Spark settings).
-  extra = [a for a in argv[3:]
-           if a != '--kill-mid-batch' and not a.startswith('--source=')]
+  extra = [a for a in argv[3:] if a != '--kill-mid-batch' and
+           not a.startswith(('--source=', '--stall='))]
   if source == 'sdf':
     extra.append(f'--max_records_per_batch={SDF_BUDGET}')
   if not any(a.startswith('--spark_master_url') for a in extra):
@@ -235,7 +267,7 @@ def main(argv):
       '--streaming', '--allow_unsafe_triggers',
       f'--checkpoint_location={checkpoint}'] + extra)
   with beam.Pipeline('beam_pyspark.PySparkRunner', options=options) as p:
-    build(p, out_dir, kill, source)
+    build(p, out_dir, kill, source, stall)
 
 
 if __name__ == '__main__':

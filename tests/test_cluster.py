@@ -365,25 +365,37 @@ def test_killed_executor_and_python_worker_give_exact_output(
 # -- streaming ---------------------------------------------------------------
 
 
-def test_streaming_job_on_the_cluster_equals_the_direct_runner(
+def test_streaming_job_with_a_killed_executor_equals_the_direct_runner(
     cluster, tmp_path):
-  """A TestStream job with triggers, state and Beam's file sink: its query,
-  keyed state chains and checkpoint on a real cluster (the checkpoint
-  location is a path both workers see: one machine)."""
+  """An unbounded splittable read over many micro-batches into windows,
+  state and Beam's file sink, on a real cluster: its query, keyed state
+  chains and checkpoint across executors (the checkpoint location is a
+  path both workers see: one machine), and an executor killed in the
+  middle of a micro-batch. Spark retries the lost tasks elsewhere; the
+  output is exactly the DirectRunner's."""
   import apache_beam as beam
   from apache_beam.options.pipeline_options import PipelineOptions
   import streaming_recovery_job as job
   reference = tmp_path / 'direct'
   reference.mkdir()
-  with beam.Pipeline('DirectRunner', options=PipelineOptions(
-      ['--streaming', '--allow_unsafe_triggers'])) as p:
-    job.build(p, str(reference))
+  with beam.Pipeline('DirectRunner', options=PipelineOptions([])) as p:
+    job.build(p, str(reference), source='sdf')
   out = tmp_path / 'cluster'
   out.mkdir()
-  args = [os.path.join(HERE, 'streaming_recovery_job.py'), str(out),
-          str(tmp_path / 'checkpoint')]
-  run_program(args + runner_args(cluster)[1:], tmp_path, cluster,
-              name='streaming')
+  markers = tmp_path / 'markers'
+  markers.mkdir()
+  log_path = str(tmp_path / 'streaming.log')
+  proc = start_program(
+      [os.path.join(HERE, 'streaming_recovery_job.py'), str(out),
+       str(tmp_path / 'checkpoint'), '--source=sdf', f'--stall={markers}'] +
+      runner_args(cluster)[1:], log_path)
+  try:
+    stalled = _wait_for_marker(str(markers / 'executor'), proc, log_path)
+    _executor_of(stalled['pid']).kill()
+  except BaseException:
+    end_program(proc)
+    raise
+  finish(proc, log_path, cluster)
   assert len(job.read_output(str(reference))) > 20
   assert job.read_output(str(out)) == job.read_output(str(reference))
   assert job.read_files(str(out)) == job.read_files(str(reference))

@@ -111,6 +111,37 @@ def teststream_outputs(sc, ctx, stage: StagePlan,
 # A file under the checkpoint location telling the source to offer no more
 # micro-batches (the job is cancelled, or its engine has finished).
 STOP_MARKER = 'query-stop'
+# ... and to offer one micro-batch granting every endpoint, at once (the
+# job is draining).
+DRAIN_MARKER = 'query-drain'
+
+
+def micro_batch(batches: list[TestStreamBatch], index: int, trigger_time: int,
+                now: int, teststream: bool,
+                draining: bool) -> TestStreamBatch:
+  """Micro-batch ``index``: the TestStream's, or (none left, or draining)
+  one of no events, whose processing time is the trigger's (durable in
+  Spark's offset log) or, with a TestStream, its last."""
+  if index < len(batches) and not draining:
+    return batches[index]
+  at = now if teststream else max(now, trigger_time)
+  return TestStreamBatch({}, {}, at, at)
+
+
+def source_options(options, teststream_batches: int,
+                   teststream: bool) -> dict:
+  """The query source's options (``MicroBatches``) for a job."""
+  return {
+      'teststream': teststream_batches,
+      # Processing time is the TestStream's, else the wall clock's.
+      'wall_clock': 'false' if teststream else 'true',
+      'budget': options.records_per_batch or 0,
+      'byte_budget': options.bytes_per_batch or 0,
+  }
+
+
+def request_drain(location: str) -> None:
+  _touch(os.path.join(location, DRAIN_MARKER))
 
 
 class _MicroBatchReader(DataSourceStreamReader):
@@ -156,6 +187,10 @@ class _MicroBatchReader(DataSourceStreamReader):
     offer = self._offer(batch)
     if offer.get('finished'):
       return start
+    if os.path.exists(os.path.join(self.location, DRAIN_MARKER)):
+      # Draining: every endpoint, now, with no record budget.
+      return {'batch': batch + 1, 'time': now,
+              'grants': {e: None for e in offer.get('endpoints', {})}}
     budget = getattr(limit, 'max_rows', self.budget)
     granted = endpoints.grants(
         offer.get('endpoints', {}), budget, now, rotate=batch + 1)

@@ -120,6 +120,15 @@ class StreamingPipelineJob(SparkPipelineJob):
         self._graph.snapshot(), self._nodes.display_names(), self._endpoints,
         self._log, self._reads.last_grants)
 
+  def drain(self, drained_plan) -> None:
+    """Drains the job: from the next micro-batch on (offered at once) its
+    reads run truncated (``drained_plan``: fused with Beam's truncate
+    step), every endpoint granted, a TestStream ended; once no endpoint is
+    left the job ends, its watermarks at +inf, every window fired."""
+    self._reads.drain(drained_plan)
+    if self._checkpoint is not None:
+      sources.request_drain(self._checkpoint.path)
+
   def _open(self) -> None:
     super()._open()
     self._ctx.deferred = self.sc.accumulator(0)
@@ -184,17 +193,11 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._batches = (sources.source_batches(self.plan)
                      if self._teststream else [])
     self._check_cancelled()
-    options = self.options
     self._query = sources.Query(
         self.sc, self.job_id, self._checkpoint.path, self._run_batch,
         finished=lambda: self._finished, stopping=self._cancelled.is_set,
-        options={
-            'teststream': len(self._batches),
-            # Processing time is the TestStream's, else the wall clock's.
-            'wall_clock': 'false' if self._teststream else 'true',
-            'budget': options.records_per_batch or 0,
-            'byte_budget': options.bytes_per_batch or 0,
-        })
+        options=sources.source_options(self.options, len(self._batches),
+                                       self._teststream))
     try:
       self._query.run()
     except Exception:  # pylint: disable=broad-except
@@ -218,14 +221,13 @@ class StreamingPipelineJob(SparkPipelineJob):
     if index <= self._committed:
       return  # committed before the driver started again
     self._check_cancelled()
-    if index < len(self._batches):
-      batch = self._batches[index]
-    else:
-      # Processing time is the trigger's (durable in Spark's offset log),
-      # or the TestStream's last.
-      now = self._now if self._teststream else max(self._now, trigger.time)
-      batch = TestStreamBatch({}, {}, now, now)
-    self._batch = batch
+    draining = self._reads.drained is not None
+    if draining:  # a TestStream ends: its watermarks go to +inf
+      for node in self._nodes.tag_nodes.values():
+        self._graph.set_source(node, MAX_MICROS)
+    batch = self._batch = sources.micro_batch(
+        self._batches, index, trigger.time, self._now, self._teststream,
+        draining)
     started, waves = time.monotonic(), self._waves
     self._arrival = self._now = max(self._now, batch.arrival_time)
     granted = self._reads.grant(trigger.grants)
@@ -241,7 +243,8 @@ class StreamingPipelineJob(SparkPipelineJob):
         self._graph.set_source(self._nodes.tag_nodes[tag], watermark)
     self._now = max(self._now, batch.processing_time)
     self._settle()
-    self._finished = index >= len(self._batches) - 1 and not self._endpoints
+    self._finished = (index >= len(self._batches) - 1 or draining) and (
+        not self._endpoints)
     # What the batch did, in the job's metrics before they are committed
     # with it (a batch run again after a crash counts once).
     text, infos = self._log.add(
@@ -391,7 +394,8 @@ class StreamingPipelineJob(SparkPipelineJob):
   def _translate(self, stage: StagePlan):
     if stage.kind == 'teststream':
       return self._test_stream(stage)
-    return super()._translate(stage)
+    # Draining: a read runs fused with Beam's truncate step instead.
+    return super()._translate(self._reads.draining_stage(stage))
 
   def _test_stream(self, stage: StagePlan):
     """This batch's elements of a TestStream, per output."""
@@ -402,7 +406,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     return self._union([rdd for _, rdd in outs]) if outs else None
 
   def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
-    node = stage.name
+    node = streamreads.node_of(stage)
     states = self._keyed.chains(node) if stage.stateful else None
     side_watermarks = None
     if stage.side_inputs and not stage.stateful:
@@ -419,7 +423,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     """Main input held back earlier, tried again; the endpoints granted
     records in this micro-batch, one per partition (so in a task each)."""
     extra = []
-    held = self._held.pop(stage.name, None)
+    held = self._held.pop(streamreads.node_of(stage), None)
     if held:
       extra.append(self.sc.parallelize(held, 1))
     granted = self._reads.granted_records(stage)
@@ -428,9 +432,10 @@ class StreamingPipelineJob(SparkPipelineJob):
     return extra
 
   def _register_outputs(self, stage: StagePlan, out) -> None:
+    node = streamreads.node_of(stage)
     if stage.kind == 'sdk' and (stage.stateful or stage.side_inputs or
-                                stage.name in self._reads.splittable):
-      out = self._keyed_output(stage.name, out)
+                                node in self._reads.splittable):
+      out = self._keyed_output(node, out)
     super()._register_outputs(stage, out)
 
   def _compact(self, buffer_id: bytes) -> bool:

@@ -12,12 +12,14 @@ each micro-batch did (``BatchLog``).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from typing import Optional
 
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.utils.timestamp import Timestamp
 
+from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
@@ -30,6 +32,38 @@ from beam_pyspark.worker import endpoints as worker_endpoints
 from beam_pyspark.worker.bundles import splittable_input
 
 RESIDUAL_TAG = worker_endpoints.RESIDUAL_TAG
+# A splittable stage's drained counterpart is named so (its harness and
+# descriptor are its own); its node in the watermark graph is the stage's.
+DRAIN_SUFFIX = ' [drain]'
+
+
+def node_of(stage: StagePlan) -> str:
+  """The watermark graph's node of a stage (a drained read is its read)."""
+  return stage.name.removesuffix(DRAIN_SUFFIX)
+
+
+def drained_stages(plan: ExecutionPlan, drained: ExecutionPlan,
+                   splittable: set[str]) -> dict[str, StagePlan]:
+  """Each splittable stage of ``plan`` -> the same stage in ``drained`` (the
+  pipeline fused with Beam's truncate step before each splittable DoFn,
+  as Beam drains a job), found by the buffers it writes."""
+  by_outputs = {frozenset(s.outputs.values()): s for s in drained.stages}
+  found = {}
+  for stage in plan.stages:
+    if stage.name not in splittable:
+      continue
+    other = by_outputs.get(frozenset(stage.outputs.values()))
+    if other is None or len(other.inputs) != len(stage.inputs):
+      raise PipelineExecutionError(
+          f'Cannot drain {stage.name}: the pipeline fused for draining has '
+          'no stage writing what it writes. Cancel the job instead.')
+    descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+        other.descriptor)
+    descriptor.id += DRAIN_SUFFIX
+    found[stage.name] = dataclasses.replace(
+        other, name=stage.name + DRAIN_SUFFIX,
+        descriptor=descriptor.SerializeToString())
+  return found
 
 
 class StreamReads:
@@ -45,6 +79,21 @@ class StreamReads:
     self.splittable = {
         s.name for s in plan.stages if s.kind == 'sdk' and splittable_input(
             beam_fn_api_pb2.ProcessBundleDescriptor.FromString(s.descriptor))}
+    self.plan = plan
+    # Once draining: each read's drained stage (``drained_stages``).
+    self.drained: Optional[dict[str, StagePlan]] = None
+
+  def drain(self, drained: ExecutionPlan) -> None:
+    """From now on each read runs drained: its restrictions truncated
+    (Beam's truncate_restriction: by default an unbounded one to nothing
+    left, a bounded one to itself), with no record budget."""
+    self.drained = drained_stages(self.plan, drained, self.splittable)
+
+  def draining_stage(self, stage: StagePlan) -> StagePlan:
+    """The stage to run in its place: its drained self while draining."""
+    if self.drained is None:
+      return stage
+    return self.drained.get(stage.name, stage)
 
   def grant(self, grants: dict) -> int:
     """Takes the trigger's granted endpoints out for this batch; how many."""
@@ -59,22 +108,32 @@ class StreamReads:
   def limits(self, node: str) -> Optional[worker_endpoints.Limits]:
     """A splittable stage's limits for new restrictions (not endpoints
     yet): at most the batch's budget, for at most the read time, in their
-    first bundle."""
+    first bundle (draining: the time only)."""
     if node not in self.splittable:
       return None
     options = self.options
+    if self.drained is not None:
+      return worker_endpoints.Limits(None, options.read_secs)
     return worker_endpoints.Limits(options.records_per_batch,
                                    options.read_secs, options.bytes_per_batch)
 
   def granted_records(self, stage: StagePlan) -> list:
     """The stage's granted endpoints as input records."""
-    granted = self.granted.get(stage.name)
+    granted = self.granted.get(node_of(stage))
     if not granted:
       return []
+    if self.drained is not None:
+      # Its restrictions enter the drained stage where its own take them.
+      inputs = {b: i for i, b in stage.inputs.items()}
+      original = next(s for s in self.plan.stages if s.name == node_of(stage))
+      return [(worker_endpoints.ENDPOINT_TAG, worker_endpoints.Granted(
+          e.endpoint_id,
+          inputs.get(original.inputs.get(e.input_id), e.input_id),
+          e.element, None)) for e, _ in granted]
     shares = byte_shares([e.endpoint_id for e, _ in granted],
                          self.options.bytes_per_batch)
     # Those still in the book, and those granted (back as residuals soon).
-    live = len(self.book.of(stage.name)) + len(granted)
+    live = len(self.book.of(node_of(stage))) + len(granted)
     split = to_split(granted, live, self.most_endpoints)
     return [(worker_endpoints.ENDPOINT_TAG, worker_endpoints.Granted(
         e.endpoint_id, e.input_id, e.element, grant, shares[e.endpoint_id],
