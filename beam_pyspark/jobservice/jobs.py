@@ -3,8 +3,8 @@
 ``JobRegistry`` holds every job the service knows: prepared, running, and
 finished ones from this process or from the store (so history survives a
 restart). It keeps each job's typed state and message events, serves them
-to subscribers (history, then live events), bounds the history and evicts
-what falls out of it (with its staged artifacts, through a callback), and
+to subscribers (history, then live events; streams.py reads them), bounds
+the history and evicts what falls out of it (with its staged artifacts, through a callback), and
 writes through to the store. The executor is injected (``invoke``), so the
 registry and the Job API over it run with a fake in tests; the gRPC
 servicer (service.py) and the status page are thin adapters over it. No
@@ -29,6 +29,7 @@ from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
+from beam_pyspark.jobservice import streams
 from beam_pyspark.jobservice.records import Job
 from beam_pyspark.jobservice.records import JobSnapshot
 from beam_pyspark.jobservice.records import JobStateError
@@ -442,25 +443,8 @@ class JobRegistry:
   def messages(self, job_id: str) -> list[MessageEvent]:
     with self._cond:
       job = self._get(job_id)
-      self._load_messages(job)
+      streams.load_history(job, self._store)
       return [e for e in job.events if isinstance(e, MessageEvent)]
-
-  def _load_messages(self, job: Job) -> None:
-    """A past job's stream: its states and stored messages, in time order."""
-    if job.messages_loaded:
-      return
-    # Every message went through the store, those recorded since the
-    # restart too.
-    stored = [MessageEvent(ts, importance, text)
-              for ts, importance, text in self._store.messages(job.job_id)]
-    # In time order, the terminal state last: the stream ends with it, and
-    # a message recorded at the same moment (why it ended) must come first.
-    merged = sorted(
-        list(job.states) + stored,
-        key=lambda e: (isinstance(e, StateEvent) and e.terminal, e.timestamp))
-    job.events.clear()
-    job.events.extend(merged)
-    job.messages_loaded = True
 
   def subscribe(self, job_id: str, messages: bool = True,
                 active: Callable[[], bool] = lambda: True,
@@ -473,26 +457,8 @@ class JobRegistry:
     """
     with self._cond:
       job = self._get(job_id)
-      self._load_messages(job)
-    return self._events(job, messages, active, poll_secs)
-
-  def _events(self, job: Job, messages: bool, active, poll_secs) -> Iterator[Event]:
-    sent = 0  # events of job.events already seen, counting dropped ones
-    while True:
-      with self._cond:
-        while (job.dropped_events + len(job.events) <= sent and active()):
-          self._cond.wait(poll_secs)
-        start = max(0, sent - job.dropped_events)
-        pending = list(job.events)[start:]
-        sent = job.dropped_events + len(job.events)
-      if not pending:
-        return  # the client went away
-      for event in pending:
-        if isinstance(event, MessageEvent) and not messages:
-          continue
-        yield event
-        if isinstance(event, StateEvent) and event.terminal:
-          return
+      streams.load_history(job, self._store)
+    return streams.follow(job, self._cond, messages, active, poll_secs)
 
   def wait(self, job_id: str, timeout: Optional[float] = None) -> int:
     """Waits until the job ends (or ``timeout`` seconds); its state."""
