@@ -1,0 +1,170 @@
+"""Streaming jobs across job-server restarts: the rules with a fake
+executor (no Spark): which unfinished jobs a start resumes and which end
+FAILED, where checkpoints live and when they go.
+"""
+
+from __future__ import annotations
+
+import os
+
+from beam_pyspark.events import Importance
+from beam_pyspark.events import JobState
+from beam_pyspark.jobservice.jobs import JobRegistry
+from beam_pyspark.jobservice.recovery import StreamingRecovery
+from beam_pyspark.jobservice.store import JobStore
+from beam_pyspark.options import RunnerOptions
+from beam_pyspark.spark.checkpoints import CheckpointDir
+from beam_pyspark.streaming.checkpoints import ManifestBook
+from test_registry import Executor
+from test_registry import FakeExecution
+from test_registry import _pipeline
+
+STREAMING = {'beam:option:streaming:v1': True}
+RESUMED = 'Resumed from its checkpoint after the job server restarted: '
+
+# -- the rules, with a fake executor (no Spark) ---------------------------------
+#
+# The executor stands in for the job server's (server.spark_invoke): it
+# places the job's checkpoint with the real StreamingRecovery; its
+# executions are the fakes of test_registry.
+
+
+class _Executor(Executor):
+  def __init__(self, recovery):
+    super().__init__()
+    self.recovery = recovery
+    self.locations = {}
+
+  def __call__(self, job_id, pipeline, options, listener):
+    runner_options = RunnerOptions.from_job_options(options)
+    self.recovery.assign(job_id, pipeline, runner_options)
+    self.locations[job_id] = runner_options.checkpoint_location
+    execution = FakeExecution(job_id, pipeline, options, listener)
+    self.executions[job_id] = execution
+    return execution
+
+
+def _commit(location, batch):
+  """A committed micro-batch in the checkpoint at ``location``, as the
+  streaming engine writes it (spark.checkpoints)."""
+  CheckpointDir(location).commit(ManifestBook('fp').commit(batch, {}))
+
+
+def _registry(tmp_path, **kwargs):
+  recovery = StreamingRecovery(str(tmp_path / 'artifacts'))
+  executor = _Executor(recovery)
+  registry = JobRegistry(executor, store=JobStore(str(tmp_path / 'jobs.db')),
+                         recovery=recovery, **kwargs)
+  return registry, executor
+
+
+def _run(registry, name, options):
+  job_id = registry.prepare(name, _pipeline(), options).job_id
+  registry.run(job_id)
+  return job_id
+
+
+def _texts(registry, job_id):
+  return [m.text for m in registry.messages(job_id)]
+
+
+def test_a_start_resumes_running_streaming_jobs_and_fails_the_rest(tmp_path):
+  registry, executor = _registry(tmp_path)
+  streaming = _run(registry, 'streaming', STREAMING)
+  _commit(executor.locations[streaming], 4)
+  batch = _run(registry, 'batch', {})
+  gone = _run(registry, 'gone', STREAMING)
+  os.rmdir(executor.locations[gone])
+  cancelling = _run(registry, 'cancelling', STREAMING)
+  executor.executions[cancelling].emit(JobState.CANCELLING)
+  prepared = registry.prepare('prepared', _pipeline(), STREAMING).job_id
+
+  # The server is killed: a new one starts on the same store.
+  again, executor2 = _registry(tmp_path)
+  assert again.resumable() == [streaming]
+  assert again.state(streaming).state == JobState.RUNNING
+  for job_id in (batch, cancelling):
+    assert again.state(job_id).state == JobState.FAILED
+    assert any('stopped while this job was running' in t
+               for t in _texts(again, job_id))
+  assert again.state(gone).state == JobState.FAILED
+  assert any(executor.locations[gone] in t and 'is gone' in t
+             for t in _texts(again, gone)), _texts(again, gone)
+  assert again.state(prepared).state == JobState.FAILED
+  assert not os.path.exists(executor.locations[gone])
+
+  again.resume(streaming)
+  execution = executor2.executions[streaming]
+  assert execution.started.is_set()
+  assert executor2.locations[streaming] == executor.locations[streaming]
+  assert (RESUMED + 'micro-batch 4 was the last one committed (to '
+          f'{executor.locations[streaming]}); the job goes on after it.'
+          ) in _texts(again, streaming)
+  execution.emit(JobState.DONE)
+  assert [e.state for e in again.subscribe(streaming, messages=False)] == [
+      JobState.STOPPED, JobState.STARTING, JobState.RUNNING,
+      JobState.STARTING, JobState.RUNNING, JobState.DONE]
+  assert again.resumable() == []
+
+
+def test_a_job_that_cannot_resume_ends_failed_saying_why(tmp_path):
+  registry, executor = _registry(tmp_path)
+  refused = _run(registry, 'refused', STREAMING)
+  unstaged = _run(registry, 'unstaged', STREAMING)
+  again, executor2 = _registry(tmp_path)
+  assert again.resumable() == [refused, unstaged]
+
+  def resolve(job_id):
+    if job_id == unstaged:
+      raise RuntimeError('its staged files were missing at start-up')
+    return again.pipeline(job_id)
+
+  again.resume(refused, resolve)
+  again.resume(unstaged, resolve)
+  assert again.state(unstaged).state == JobState.FAILED
+  assert ('Could not resume the job after the job server restarted: '
+          'RuntimeError: its staged files were missing at start-up'
+          ) in _texts(again, unstaged)
+  # The engine refuses a checkpoint of another pipeline when it resumes
+  # (tests/test_streaming_recovery.py): its error ends the job FAILED.
+  execution = executor2.executions[refused]
+  execution.say('CheckpointMismatch: the checkpoint holds another pipeline',
+                Importance.JOB_MESSAGE_ERROR)
+  execution.emit(JobState.FAILED)
+  assert again.state(refused).state == JobState.FAILED
+  assert again.resumable() == []
+
+
+def test_checkpoints_live_under_the_artifacts_dir_until_the_job_leaves_history(
+    tmp_path):
+  registry, executor = _registry(tmp_path, max_invocation_history=1)
+  own = str(tmp_path / 'users-own')
+  batch = _run(registry, 'batch', {})
+  streaming = _run(registry, 'streaming', STREAMING)
+  users = _run(registry, 'users', {
+      **STREAMING, 'beam:option:checkpoint_location:v1': own})
+  assert executor.locations[batch] is None
+  location = executor.locations[streaming]
+  assert os.path.dirname(location) == str(tmp_path / 'artifacts' /
+                                          'checkpoints')
+  assert os.path.isdir(location)
+  assert executor.locations[users] == own and os.path.isdir(own)
+  # A failed job keeps its checkpoint while it is in the history.
+  executor.executions[streaming].emit(JobState.FAILED)
+  assert os.path.isdir(location)
+  executor.executions[users].emit(JobState.FAILED)
+  assert registry.jobs()[-1].job_id == users
+  assert not os.path.exists(location), 'evicted with its job'
+  executor.executions[batch].emit(JobState.DONE)
+  assert os.path.isdir(own), 'a location of the job\'s own is the user\'s'
+
+
+def test_a_checkpoint_directory_name_is_bounded_and_unique(tmp_path):
+  recovery = StreamingRecovery(str(tmp_path))
+  long_a = 'a/b' * 100 + '_1'
+  long_b = 'a/b' * 100 + '_2'
+  names = {os.path.basename(recovery.owned(i)) for i in (long_a, long_b)}
+  assert len(names) == 2
+  assert all(len(n) < 128 and '/' not in n for n in names)
+  assert all(os.path.dirname(recovery.owned(i)) == recovery.root
+             for i in (long_a, long_b, '..'))
