@@ -1,11 +1,13 @@
 """Streaming jobs across job-server restarts: the rules with a fake
 executor (no Spark): which unfinished jobs a start resumes and which end
-FAILED, where checkpoints live and when they go.
+FAILED, what SIGTERM does to streaming and batch jobs, where checkpoints
+live and when they go.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
@@ -26,7 +28,20 @@ RESUMED = 'Resumed from its checkpoint after the job server restarted: '
 #
 # The executor stands in for the job server's (server.spark_invoke): it
 # places the job's checkpoint with the real StreamingRecovery; its
-# executions are the fakes of test_registry.
+# executions are the fakes of test_registry, which stop as the streaming
+# engine does when interrupted (they end STOPPED).
+
+
+class _Interruptible(FakeExecution):
+  stops = True  # False: asked to stop, it never does
+
+  def interrupt(self, reason):
+    if not RunnerOptions.from_job_options(self.options).streaming:
+      return False
+    self.say(f'{reason}: stopping')
+    if self.stops:
+      self.emit(JobState.STOPPED)
+    return True
 
 
 class _Executor(Executor):
@@ -39,7 +54,7 @@ class _Executor(Executor):
     runner_options = RunnerOptions.from_job_options(options)
     self.recovery.assign(job_id, pipeline, runner_options)
     self.locations[job_id] = runner_options.checkpoint_location
-    execution = FakeExecution(job_id, pipeline, options, listener)
+    execution = _Interruptible(job_id, pipeline, options, listener)
     self.executions[job_id] = execution
     return execution
 
@@ -107,6 +122,44 @@ def test_a_start_resumes_running_streaming_jobs_and_fails_the_rest(tmp_path):
   assert again.resumable() == []
 
 
+def test_sigterm_stops_streaming_jobs_to_resume_and_cancels_batch_ones(
+    tmp_path):
+  registry, executor = _registry(tmp_path)
+  streaming = _run(registry, 'streaming', STREAMING)
+  batch = _run(registry, 'batch', {})
+  started = time.monotonic()
+  registry.shutdown(0.5, 'The job server is stopping (SIGTERM)')
+  assert time.monotonic() - started < 5
+  assert registry.state(streaming).state == JobState.STOPPED
+  assert not executor.executions[streaming].cancelled
+  assert os.path.isdir(executor.locations[streaming])
+  assert registry.state(batch).state == JobState.CANCELLED
+
+  again, executor2 = _registry(tmp_path)
+  assert again.resumable() == [streaming]
+  assert again.state(batch).state == JobState.CANCELLED
+  again.resume(streaming)
+  assert executor2.executions[streaming].started.is_set()
+  assert any(t.startswith('Resumed after the job server restarted: no '
+                          'micro-batch had committed')
+             for t in _texts(again, streaming)), _texts(again, streaming)
+
+
+def test_a_streaming_job_that_does_not_stop_is_left_stopped_for_the_next_start(
+    tmp_path):
+  registry, executor = _registry(tmp_path)
+  stuck = _run(registry, 'stuck', STREAMING)
+  executor.executions[stuck].stops = False
+  registry.shutdown(0, 'The job server is stopping', cancel_wait_secs=0.2)
+  assert registry.state(stuck).state == JobState.STOPPED
+  assert any('did not stop within' in t for t in _texts(registry, stuck))
+  # Its execution, which the process's end would stop, is not heard from.
+  executor.executions[stuck].emit(JobState.FAILED)
+  assert registry.state(stuck).state == JobState.STOPPED
+  again, _ = _registry(tmp_path)
+  assert again.resumable() == [stuck]
+
+
 def test_a_job_that_cannot_resume_ends_failed_saying_why(tmp_path):
   registry, executor = _registry(tmp_path)
   refused = _run(registry, 'refused', STREAMING)
@@ -168,3 +221,23 @@ def test_a_checkpoint_directory_name_is_bounded_and_unique(tmp_path):
   assert all(len(n) < 128 and '/' not in n for n in names)
   assert all(os.path.dirname(recovery.owned(i)) == recovery.root
              for i in (long_a, long_b, '..'))
+
+
+def test_only_a_streaming_execution_with_a_checkpoint_stops_to_resume(
+    tmp_path):
+  from beam_pyspark.execution import PipelineExecution
+  said = []
+  streaming = PipelineExecution(
+      _pipeline(), RunnerOptions(streaming=True,
+                                 checkpoint_location=str(tmp_path)),
+      'streaming', said.append)
+  assert streaming.interrupt('The job server is stopping (SIGTERM)')
+  assert any('between micro-batches' in e.text for e in said)
+  assert not streaming.interrupt('again'), 'asked once'
+  # A batch job, and a streaming one whose checkpoint nobody keeps,
+  # cannot resume: the server cancels them instead.
+  assert not PipelineExecution(
+      _pipeline(), RunnerOptions(checkpoint_location=str(tmp_path))
+  ).interrupt('SIGTERM')
+  assert not PipelineExecution(
+      _pipeline(), RunnerOptions(streaming=True)).interrupt('SIGTERM')

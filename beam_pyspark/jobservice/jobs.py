@@ -6,8 +6,8 @@ restart). It keeps each job's typed state and message events, serves them
 to subscribers (history, then live events; streams.py reads them), bounds
 the history and evicts what falls out of it (with its staged artifacts,
 through a callback), and writes through to the store. Across restarts of
-the server, streaming jobs resume at the next start from their
-checkpoints (``recovery``, recovery.py; restarts.py). The executor is
+the server, streaming jobs stop at SIGTERM and resume at the next start
+from their checkpoints (``recovery``, recovery.py; restarts.py). The executor is
 injected (``invoke``), so the registry and the Job API over it run with a
 fake in tests; the gRPC servicer (service.py) and the status page are thin
 adapters over it. No gRPC and no Spark here.
@@ -132,7 +132,8 @@ class JobRegistry(Restarts):
       ended = False
       with self._cond:
         job = self._jobs.get(job_id)
-        # An execution the registry let go of says no more.
+        # An execution the registry let go of (a new run, _detach) says
+        # no more.
         if job is None or job.generation != generation:
           return
         if isinstance(event, StateEvent):

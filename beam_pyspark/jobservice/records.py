@@ -71,7 +71,7 @@ class Job:
     self.dropped_events = 0
     self.execution = None
     # Which execution's events count: the registry moves it on when it
-    # runs the job again after a restart.
+    # runs the job again after a restart, or lets a stopping one go.
     self.generation = 0
     self.has_run = False
     self.past = False

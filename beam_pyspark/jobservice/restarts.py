@@ -7,8 +7,9 @@ one of its bases and shares its state and its condition. At start-up,
 every job the store holds comes back; one that had not ended ends FAILED
 saying why, unless it is a streaming job ``recovery`` (recovery.py) says
 can resume from its checkpoint: ``resume()`` runs it again. At SIGTERM
-(``shutdown()``) the server takes no new jobs, lets running ones finish
-within a grace period and cancels the rest.
+(``shutdown()``) the server takes no new jobs, stops streaming jobs at
+once (they end STOPPED, checkpoints kept, for the next start to resume),
+lets other running jobs finish within a grace period and cancels the rest.
 """
 
 from __future__ import annotations
@@ -133,11 +134,13 @@ class Restarts:
 
   def shutdown(self, grace_secs: float, reason: str,
                cancel_wait_secs: float = 10.0) -> None:
-    """Stops taking jobs; lets running ones finish within ``grace_secs``,
-    then cancels the rest and records why. Jobs that do not stop within
-    ``cancel_wait_secs`` of their cancel, and preparations never run, end
-    FAILED / CANCELLED here, so the store never keeps a job RUNNING that no
-    process runs."""
+    """Stops taking jobs. Streaming jobs that can resume are stopped at
+    once, their checkpoints kept, and end STOPPED (Beam's "paused or not
+    yet started"): the next start resumes them. Other running jobs may
+    finish within ``grace_secs``, then are cancelled, saying why. Jobs
+    that do not stop within ``cancel_wait_secs`` of their cancel (or
+    stop), and preparations never run, end FAILED / CANCELLED (STOPPED)
+    here, so the store never keeps a job RUNNING that no process runs."""
     with self._cond:
       self._closing = True
       # Jobs waiting to resume stay as they are: the next start tries again.
@@ -147,6 +150,8 @@ class Restarts:
     for job in preparations:
       self._end(job, JobState.CANCELLED,
                 f'{reason}: this preparation was never run.')
+    paused = [j for j in running if self._interrupt(j, reason)]
+    running = [j for j in running if j not in paused]
     late = self._still_running(running, grace_secs)
     for job in late:
       self.note(job.job_id,
@@ -162,12 +167,42 @@ class Restarts:
       self._end(job, JobState.FAILED,
                 f'{reason}: the job did not stop within '
                 f'{cancel_wait_secs:.0f} s of its cancel.')
+    for job in self._still_running(paused, cancel_wait_secs):
+      self._detach(job, f'{reason}: the job did not stop within '
+                   f'{cancel_wait_secs:.0f} s; its checkpoint is kept, and '
+                   'the next start of the job server resumes it from its last '
+                   'committed micro-batch.')
+
+  def _interrupt(self, job: Job, reason: str) -> bool:
+    """Asks a job's execution to stop so that it can resume (a streaming
+    job, between micro-batches, its checkpoint kept); False if it cannot."""
+    interrupt = getattr(job.execution, 'interrupt', None)
+    try:
+      return bool(interrupt is not None and interrupt(reason))
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.warning('Could not stop %s', job.job_id, exc_info=True)
+      return False
+
+  def _detach(self, job: Job, why: str) -> None:
+    """Records a stopping job STOPPED, for the next start to resume; its
+    execution, which the process's end stops, is not heard from again."""
+    with self._cond:
+      if job.terminal or job.state == JobState.STOPPED:
+        return
+      job.generation += 1
+      self._append_message(job, MessageEvent(
+          self._clock(), Importance.JOB_MESSAGE_WARNING, why))
+      self._append_state(job, StateEvent(self._clock(), JobState.STOPPED))
+      self._cond.notify_all()
 
   def _still_running(self, jobs: list[Job], secs: float) -> list[Job]:
-    """Waits up to ``secs`` for ``jobs`` to end; those that did not."""
+    """Waits up to ``secs`` for ``jobs`` to end (or stop, for the next
+    start to resume them); those that did not."""
+    def going(job: Job) -> bool:
+      return not job.terminal and job.state != JobState.STOPPED
+
     deadline = time.monotonic() + secs
     with self._cond:
-      while (any(not j.terminal for j in jobs) and
-             time.monotonic() < deadline):
+      while (any(going(j) for j in jobs) and time.monotonic() < deadline):
         self._cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
-      return [j for j in jobs if not j.terminal]
+      return [j for j in jobs if going(j)]

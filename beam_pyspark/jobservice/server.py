@@ -210,8 +210,9 @@ class JobServer:
 
   def shutdown(self, grace_secs: float, why: str = 'The job server is stopping'
                ) -> None:
-    """Stops taking jobs, lets running ones finish within ``grace_secs``,
-    cancels the rest, recording why (then call ``stop``)."""
+    """Stops taking jobs, stops streaming ones for the next start to
+    resume, lets other running ones finish within ``grace_secs``, cancels
+    the rest, recording why (then call ``stop``)."""
     self.service.registry.shutdown(grace_secs, why)
 
   status_url: Optional[str] = None
