@@ -1,13 +1,27 @@
-"""Streaming jobs across job-server restarts: the rules with a fake
-executor (no Spark): which unfinished jobs a start resumes and which end
-FAILED, what SIGTERM does to streaming and batch jobs, where checkpoints
-live and when they go.
+"""Streaming jobs across job-server restarts.
+
+A real ``beam-pyspark job-server`` subprocess on local[2], Beam's
+PortableRunner client submitting a streaming job (an unbounded splittable
+read over many micro-batches into windowed sums, an idempotent sink; a
+stateful DoFn across a driver's death is test_streaming_recovery.py's):
+SIGTERM stops it between micro-batches and the next server resumes it;
+SIGKILL kills it and the next server resumes it; it ends DONE with Beam's
+DirectRunner's output. Then the rules behind it with a fake executor (no
+Spark): which unfinished jobs a start resumes and which end FAILED, what
+SIGTERM does to streaming and batch jobs, where checkpoints live and when
+they go.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_job_api_pb2
 
 from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
@@ -17,19 +31,151 @@ from beam_pyspark.jobservice.store import JobStore
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.spark.checkpoints import CheckpointDir
 from beam_pyspark.streaming.checkpoints import ManifestBook
+from jobserver_process import JobServerProcess
 from test_registry import Executor
 from test_registry import FakeExecution
 from test_registry import _pipeline
 
+import streaming_recovery_job as job
+
+EMBEDDED = 'beam:env:embedded_python:v1'
+TESTS = os.path.dirname(os.path.abspath(__file__))
 STREAMING = {'beam:option:streaming:v1': True}
 RESUMED = 'Resumed from its checkpoint after the job server restarted: '
+
+# -- a real job server, killed and stopped under a streaming job ----------------
+
+
+def _server(root):
+  # The job's DoFns live in streaming_recovery_job: importable by the
+  # server's workers, as a user's installed package would be.
+  return JobServerProcess(root, env={'PYTHONPATH': TESTS})
+
+
+def _committed(checkpoint) -> list[int]:
+  directory = os.path.join(checkpoint, 'manifests')
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def _wait_for_commit(server, checkpoint, after: int, timeout=240) -> int:
+  """Waits until a micro-batch past ``after`` committed; its number."""
+  deadline = time.monotonic() + timeout
+  while not [b for b in _committed(checkpoint) if b > after]:
+    assert server.proc.poll() is None, server.log()
+    assert time.monotonic() < deadline, (
+        f'no micro-batch after {after} committed:\n{server.log()}')
+    time.sleep(0.05)
+  return max(_committed(checkpoint))
+
+
+def _history(server, job_id, until=None):
+  """(states, message texts) of the job as ``server`` serves them: to its
+  end, or until a message satisfies ``until``."""
+  texts, states = [], []
+  stream = server.job_stub.GetMessageStream(
+      beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=60)
+  try:
+    for response in stream:
+      if response.HasField('message_response'):
+        texts.append(response.message_response.message_text)
+        if until is not None and until(texts[-1]):
+          break
+      else:
+        states.append(response.state_response.state)
+  finally:
+    stream.cancel()
+  return states, texts
+
+
+def _state(server, job_id):
+  return server.job_stub.GetState(
+      beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
+
+
+def _resumed_after(texts) -> int:
+  """The micro-batch the job's last resumption went on after."""
+  marker = RESUMED + 'micro-batch '
+  found = [t for t in texts if t.startswith(marker)]
+  assert found, texts
+  return int(found[-1][len(marker):].split()[0])
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """Beam's DirectRunner's output: its batch mode reads each restriction
+  to its end, and the watermark alone decides these panes."""
+  out = tmp_path_factory.mktemp('direct')
+  with beam.Pipeline('DirectRunner') as p:
+    job.build_sums(p, str(out))
+  expected = job.read_output(str(out))
+  assert len(expected) > 20, 'the reference is too small to judge by'
+  return expected
+
+
+def test_a_streaming_job_survives_sigterm_and_sigkill_of_its_job_server(
+    tmp_path, reference):
+  root, out = tmp_path / 'server', tmp_path / 'out'
+  out.mkdir()
+  first = _server(root)
+  try:
+    p = beam.Pipeline(options=PipelineOptions([
+        '--runner=PortableRunner', f'--job_endpoint={first.job_endpoint}',
+        f'--environment_type={EMBEDDED}', '--streaming',
+        f'--max_records_per_batch={job.SDF_BUDGET}', '--job_name=resumed']))
+    job.build_sums(p, str(out))
+    job_id = p.run()._job_id  # pylint: disable=protected-access
+    checkpoint = StreamingRecovery(str(root)).owned(job_id)
+    _wait_for_commit(first, checkpoint, after=0)
+    first.proc.send_signal(signal.SIGTERM)
+    # Well inside Kubernetes' 30 s before SIGKILL.
+    assert first.proc.wait(25) == 0, first.log()
+  finally:
+    first.stop()
+  stopped_at = max(_committed(checkpoint))
+
+  second = _server(root)
+  try:
+    _, texts = _history(second, job_id, until=lambda t: t.startswith(RESUMED))
+    resumed = _resumed_after(texts)
+    assert resumed == stopped_at
+    killed_at = _wait_for_commit(second, checkpoint, after=resumed)
+    second.proc.kill()
+    second.proc.wait(30)
+  finally:
+    second.stop()
+
+  third = _server(root)
+  try:
+    deadline = time.monotonic() + 240
+    while _state(third, job_id) != beam_job_api_pb2.JobState.DONE:
+      assert _state(third, job_id) in (
+          beam_job_api_pb2.JobState.STARTING,
+          beam_job_api_pb2.JobState.RUNNING), third.log()
+      assert time.monotonic() < deadline, third.log()
+      time.sleep(0.5)
+    states, texts = _history(third, job_id)
+  finally:
+    third.stop()
+  assert _resumed_after(texts) >= killed_at
+  assert any('SIGTERM' in t and 'between micro-batches' in t
+             for t in texts), texts
+  # Ran, stopped (SIGTERM), ran again (twice), done.
+  assert states[-1] == beam_job_api_pb2.JobState.DONE
+  assert beam_job_api_pb2.JobState.STOPPED in states[1:], states
+  assert states.count(beam_job_api_pb2.JobState.RUNNING) == 3, states
+  assert job.read_output(str(out)) == reference
+  assert not os.path.exists(checkpoint), 'a DONE job keeps no checkpoint'
+
 
 # -- the rules, with a fake executor (no Spark) ---------------------------------
 #
 # The executor stands in for the job server's (server.spark_invoke): it
 # places the job's checkpoint with the real StreamingRecovery; its
 # executions are the fakes of test_registry, which stop as the streaming
-# engine does when interrupted (they end STOPPED).
+# engine does when interrupted (they end STOPPED). That a real engine stops,
+# keeps its checkpoint and resumes from it is the job-server test above.
 
 
 class _Interruptible(FakeExecution):
