@@ -159,15 +159,16 @@ class JobServer:
         r.staging_token for r in self.store.jobs() if r.staging_token)
     # Streaming jobs' checkpoints, under root so that they outlive this
     # process: the next start resumes the jobs it left unfinished.
-    self.recovery = StreamingRecovery(root)
+    self.checkpoints = StreamingRecovery(root)
     self.service = JobService(
-        invoke or spark_invoke(config, lambda: self.status_url, self.recovery),
+        invoke or spark_invoke(config, lambda: self.status_url,
+                               self.checkpoints),
         staging=self.staging,
         staging_endpoint=f'{host}:{self.artifact_port}',
         store=self.store,
         max_invocation_history=config.max_invocation_history,
         spark_master=config.spark_master_url,
-        recovery=self.recovery)
+        recovery=self.checkpoints)
     self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)
