@@ -387,3 +387,27 @@ def test_only_a_streaming_execution_with_a_checkpoint_stops_to_resume(
   ).interrupt('SIGTERM')
   assert not PipelineExecution(
       _pipeline(), RunnerOptions(streaming=True)).interrupt('SIGTERM')
+
+
+def test_a_job_cancelled_before_it_resumes_is_not_run(tmp_path):
+  registry, _ = _registry(tmp_path)
+  early = _run(registry, 'early', STREAMING)
+  late = _run(registry, 'late', STREAMING)
+  again, executor2 = _registry(tmp_path)
+  again.cancel(early)
+  again.resume(early)
+  assert again.state(early).state == JobState.CANCELLED
+  assert early not in executor2.executions
+  # Cancelled while its execution is being built (a client's Cancel as the
+  # server starts): never started.
+  build = executor2.__call__
+
+  def cancelling(job_id, *args):
+    execution = build(job_id, *args)
+    again.cancel(job_id)
+    return execution
+
+  again._invoke = cancelling  # pylint: disable=protected-access
+  again.resume(late)
+  assert again.state(late).state == JobState.CANCELLED
+  assert not executor2.executions[late].started.is_set()

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Callable
 from typing import Optional
+from typing import Union
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
@@ -78,7 +79,7 @@ class Restarts:
     # A restarted server holds no more than its bound, at once.
     self._evict(self._trim())
 
-  def _after_restart(self, job: Job):
+  def _after_restart(self, job: Job) -> Union[Resume, str, None]:
     """What recovery says of an unfinished job that had run (a Resume, or
     why not), None if it has nothing to say. A job being cancelled is not
     run again."""
@@ -122,7 +123,9 @@ class Restarts:
                                self._listener(job_id))
       with self._cond:
         job.execution = execution
-      execution.start()
+        cancelled = job.terminal  # a Cancel while it was being built
+      if not cancelled:
+        execution.start()
     except Exception as exn:  # pylint: disable=broad-except
       with self._cond:
         job.execution = None
