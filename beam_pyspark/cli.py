@@ -60,9 +60,11 @@ def _job_server_parser(sub) -> None:
                  'jobs (as Flink\'s web.cancel.enable; default: it may). '
                  '--no-status-cancel turns it off.')
   p.add_argument('--shutdown-grace-secs', type=float, default=20.0,
-                 help='On SIGTERM or SIGINT: how long running jobs may take '
-                 'to finish before they are cancelled (default 20 s: '
-                 'Kubernetes sends SIGKILL 30 s after SIGTERM).')
+                 help='On SIGTERM or SIGINT: how long running batch jobs may '
+                 'take to finish before they are cancelled (default 20 s: '
+                 'Kubernetes sends SIGKILL 30 s after SIGTERM). Streaming jobs '
+                 'stop at once, their checkpoints kept, and resume when the '
+                 'server starts again on the same --artifacts-dir.')
   p.add_argument('--max-staging-buffer-bytes', type=int,
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
@@ -124,8 +126,9 @@ def main(argv=None) -> int:
     signal.signal(sig, on_signal)
   stop.wait()
   why = f'The job server is stopping ({received[0]})'
-  print(f'{why}: running jobs may finish within {args.shutdown_grace_secs:g} '
-        's, then they are cancelled', flush=True)
+  print(f'{why}: streaming jobs stop now, to resume at its next start; other '
+        f'running jobs may finish within {args.shutdown_grace_secs:g} s, then '
+        'they are cancelled', flush=True)
   server.shutdown(args.shutdown_grace_secs, why)
   server.stop()
   return 0

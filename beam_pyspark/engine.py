@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from typing import Callable
+from typing import Optional
 from typing import Protocol
 
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -28,6 +29,12 @@ STREAMING = 'streaming'
 ENGINES: dict[str, str] = {
     BATCH: 'beam_pyspark.spark.translate:create_batch_engine',
     STREAMING: 'beam_pyspark.spark.streaming:create_streaming_engine',
+}
+
+# kind -> 'module:function' for kinds that checkpoint a job as it runs;
+# function(location) -> the last micro-batch committed there, or None.
+CHECKPOINTS: dict[str, str] = {
+    STREAMING: 'beam_pyspark.spark.checkpoints:last_committed',
 }
 
 
@@ -104,3 +111,14 @@ def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,
   module_name, factory = ENGINES[kind].split(':')
   return getattr(importlib.import_module(module_name), factory)(
       plan, job_id, options, log)
+
+
+def last_committed(kind: str, location: str) -> Optional[int]:
+  """The last micro-batch an engine of ``kind`` committed to its
+  checkpoint at ``location``: where a job started again there goes on
+  from. None when nothing committed there, or the kind keeps no
+  checkpoint."""
+  if kind not in CHECKPOINTS:
+    return None
+  module_name, function = CHECKPOINTS[kind].split(':')
+  return getattr(importlib.import_module(module_name), function)(location)

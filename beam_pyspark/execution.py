@@ -73,6 +73,9 @@ class PipelineExecution:
     self._engine = None
     self.plan = None  # once planned
     self._cancel_requested = False
+    # Why the job was stopped to resume later (interrupt()), if it was.
+    self._interrupted: Optional[str] = None
+    self._over = False  # the run's thread is done (a STOPPED job ended)
     self._thread: Optional[threading.Thread] = None
 
   # -- lifecycle --------------------------------------------------------------
@@ -99,10 +102,39 @@ class PipelineExecution:
     if engine is not None:
       engine.cancel()
 
+  def interrupt(self, reason: str) -> bool:
+    """Stops a streaming job so that it can resume: between micro-batches
+    (the engine's cancel; the batch it interrupts never committed, and runs
+    again on resume), its checkpoint kept, since a location was given. It
+    ends STOPPED (Beam's "paused or not yet started"), not CANCELLED.
+    Returns False, doing nothing, for a job that could not resume (batch,
+    or no checkpoint location): cancel that instead."""
+    if not self.options.checkpoint_location:
+      return False
+    try:
+      if check_engine(self.pipeline, self.options) != STREAMING:
+        return False
+    except BeamPySparkError:
+      return False
+    with self._lock:
+      if self._state in TERMINAL_STATES or self._cancel_requested:
+        return False
+      self._cancel_requested = True
+      self._interrupted = reason
+      engine = self._engine
+    self.message(
+        f'{reason}: stopping this streaming job between micro-batches; its '
+        f'checkpoint ({self.options.checkpoint_location}) is kept, and it '
+        'resumes from it when the job server starts again.',
+        Importance.JOB_MESSAGE_WARNING)
+    if engine is not None:
+      engine.cancel()
+    return True
+
   def wait(self, timeout: Optional[float] = None) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     with self._done:
-      while self._state not in TERMINAL_STATES:
+      while self._state not in TERMINAL_STATES and not self._over:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
           break
@@ -180,6 +212,14 @@ class PipelineExecution:
       self._listener(MessageEvent(time.time(), importance, text))
 
   def _run(self) -> None:
+    try:
+      self._run_engine()
+    finally:
+      with self._done:
+        self._over = True
+        self._done.notify_all()
+
+  def _run_engine(self) -> None:
     engine = None
     try:
       kind = check_engine(self.pipeline, self.options)
@@ -223,8 +263,7 @@ class PipelineExecution:
           f'Job {self.job_id} finished in {time.monotonic() - started:.1f}s')
       self._set_state(JobState.DONE)
     except JobCancelledError:
-      self.message(f'Job {self.job_id} was cancelled')
-      self._set_state(JobState.CANCELLED)
+      self._cancelled()
     except PipelineExecutionError as exn:
       self._fail(str(exn))
     except BeamPySparkError as exn:  # ours, and says what to do: no traceback
@@ -232,7 +271,19 @@ class PipelineExecution:
     except Exception:  # pylint: disable=broad-except
       self._fail(traceback.format_exc())
 
+  def _cancelled(self) -> None:
+    if self._interrupted:
+      self.message(f'Job {self.job_id} stopped, to resume from its checkpoint '
+                   f'({self._interrupted})')
+      self._set_state(JobState.STOPPED)
+    else:
+      self.message(f'Job {self.job_id} was cancelled')
+      self._set_state(JobState.CANCELLED)
+
   def _fail(self, error: str) -> None:
+    if self._interrupted:
+      self._cancelled()
+      return
     if self._cancel_requested:
       self._set_state(JobState.CANCELLED)
       return

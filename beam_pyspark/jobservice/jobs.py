@@ -3,12 +3,14 @@
 ``JobRegistry`` holds every job the service knows: prepared, running, and
 finished ones from this process or from the store (so history survives a
 restart). It keeps each job's typed state and message events, serves them
-to subscribers (history, then live events), bounds the history and evicts
-what falls out of it (with its staged artifacts, through a callback), and
-writes through to the store. The executor is injected (``invoke``), so the
-registry and the Job API over it run with a fake in tests; the gRPC
-servicer (service.py) and the status page are thin adapters over it. No
-gRPC and no Spark here.
+to subscribers (history, then live events; streams.py reads them), bounds
+the history and evicts what falls out of it (with its staged artifacts,
+through a callback), and writes through to the store. Across restarts of
+the server, streaming jobs stop at SIGTERM and resume at the next start
+from their checkpoints (``recovery``, recovery.py; restarts.py). The executor is
+injected (``invoke``), so the registry and the Job API over it run with a
+fake in tests; the gRPC servicer (service.py) and the status page are thin
+adapters over it. No gRPC and no Spark here.
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
+from beam_pyspark.jobservice import streams
 from beam_pyspark.jobservice.records import Job
 from beam_pyspark.jobservice.records import JobSnapshot
 from beam_pyspark.jobservice.records import JobStateError
 from beam_pyspark.jobservice.records import ShuttingDownError
 from beam_pyspark.jobservice.records import UnknownJobError
+from beam_pyspark.jobservice.recovery import Resume
+from beam_pyspark.jobservice.recovery import StreamingRecovery
+from beam_pyspark.jobservice.restarts import Restarts
 from beam_pyspark.jobservice.store import JobRecord
 from beam_pyspark.jobservice.store import JobStore
 
@@ -69,7 +75,7 @@ Invoke = Callable[[str, beam_runner_api_pb2.Pipeline, dict,
                    Callable[[Event], None]], object]
 
 
-class JobRegistry:
+class JobRegistry(Restarts):
   def __init__(
       self,
       invoke: Invoke,
@@ -77,8 +83,11 @@ class JobRegistry:
       max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY,
       on_evict: Optional[Callable[[str], None]] = None,
       clock: Callable[[], float] = time.time,
-      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS):
+      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS,
+      recovery: Optional[StreamingRecovery] = None):
     self._invoke = invoke
+    # None: every job left unfinished by an earlier run ends FAILED.
+    self._recovery = recovery
     self._preparation_timeout = preparation_timeout_secs
     self._store = store or JobStore()
     self._max_history = max_invocation_history
@@ -89,32 +98,9 @@ class JobRegistry:
     # Ended jobs, oldest first: what the history bound evicts.
     self._finished: collections.deque[str] = collections.deque()
     self._closing = False
+    # Jobs of an earlier run waiting to be run again (resume()).
+    self._resumable: dict[str, Resume] = {}
     self._recover()
-
-  # -- start-up -----------------------------------------------------------
-
-  def _recover(self) -> None:
-    """Jobs of earlier runs of the server, from the store; those that were
-    still running did not finish."""
-    for record in self._store.jobs():
-      job = Job(record.job_id, record.job_name, record.options,
-                 record.created, record.staging_token,
-                 pipeline_bytes=record.pipeline)
-      job.past = True
-      job.has_run = any(s != JobState.STOPPED for _, s in record.states)
-      job.messages_loaded = False
-      job.final_metrics = record.metrics
-      job.states = [StateEvent(ts, s) for ts, s in record.states]
-      if not job.terminal:
-        self._append_message(job, MessageEvent(
-            self._clock(), Importance.JOB_MESSAGE_ERROR,
-            'The job server stopped while this job was '
-            f'{"running" if job.has_run else "prepared"}; it did not finish.'))
-        self._append_state(job, StateEvent(self._clock(), JobState.FAILED))
-      self._jobs[job.job_id] = job
-      self._finished.append(job.job_id)
-    # A restarted server holds no more than its bound, at once.
-    self._evict(self._trim())
 
   # -- writing ------------------------------------------------------------
 
@@ -139,11 +125,16 @@ class JobRegistry:
     job.events.append(event)
 
   def _listener(self, job_id: str) -> Callable[[Event], None]:
+    with self._cond:
+      generation = self._get(job_id).generation
+
     def on_event(event: Event) -> None:
       ended = False
       with self._cond:
         job = self._jobs.get(job_id)
-        if job is None:
+        # An execution the registry let go of (a new run, _detach) says
+        # no more.
+        if job is None or job.generation != generation:
           return
         if isinstance(event, StateEvent):
           ended = self._append_state(job, event) and job.terminal
@@ -281,45 +272,6 @@ class JobRegistry:
     with self._cond:
       return job.state
 
-  def shutdown(self, grace_secs: float, reason: str,
-               cancel_wait_secs: float = 10.0) -> None:
-    """Stops taking jobs; lets running ones finish within ``grace_secs``,
-    then cancels the rest and records why. Jobs that do not stop within
-    ``cancel_wait_secs`` of their cancel, and preparations never run, end
-    FAILED / CANCELLED here, so the store never keeps a job RUNNING that no
-    process runs."""
-    with self._cond:
-      self._closing = True
-      running = [j for j in self._jobs.values() if j.has_run and not j.terminal]
-      preparations = self._preparations()
-    for job in preparations:
-      self._end(job, JobState.CANCELLED,
-                f'{reason}: this preparation was never run.')
-    late = self._still_running(running, grace_secs)
-    for job in late:
-      self.note(job.job_id,
-                f'{reason}: cancelling this job, which did not finish within '
-                f'the {grace_secs:.0f} s grace period.',
-                Importance.JOB_MESSAGE_ERROR)
-      try:
-        self.cancel(job.job_id)
-      except Exception:  # pylint: disable=broad-except
-        _LOGGER.warning('Could not cancel %s', job.job_id, exc_info=True)
-    stuck = self._still_running(late, cancel_wait_secs)
-    for job in stuck:
-      self._end(job, JobState.FAILED,
-                f'{reason}: the job did not stop within '
-                f'{cancel_wait_secs:.0f} s of its cancel.')
-
-  def _still_running(self, jobs: list[Job], secs: float) -> list[Job]:
-    """Waits up to ``secs`` for ``jobs`` to end; those that did not."""
-    deadline = time.monotonic() + secs
-    with self._cond:
-      while (any(not j.terminal for j in jobs) and
-             time.monotonic() < deadline):
-        self._cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
-      return [j for j in jobs if not j.terminal]
-
   def _end(self, job: Job, state: int, why: str) -> None:
     """Ends a job here, with its reason in its messages."""
     with self._cond:
@@ -368,6 +320,8 @@ class JobRegistry:
 
   def _evict(self, dropped: list[tuple[str, Optional[str]]]) -> None:
     for job_id, token in dropped:
+      if self._recovery is not None:
+        self._recovery.forget(job_id)
       if token and self._on_evict is not None:
         try:
           self._on_evict(token)
@@ -442,25 +396,8 @@ class JobRegistry:
   def messages(self, job_id: str) -> list[MessageEvent]:
     with self._cond:
       job = self._get(job_id)
-      self._load_messages(job)
+      streams.load_history(job, self._store)
       return [e for e in job.events if isinstance(e, MessageEvent)]
-
-  def _load_messages(self, job: Job) -> None:
-    """A past job's stream: its states and stored messages, in time order."""
-    if job.messages_loaded:
-      return
-    # Every message went through the store, those recorded since the
-    # restart too.
-    stored = [MessageEvent(ts, importance, text)
-              for ts, importance, text in self._store.messages(job.job_id)]
-    # In time order, the terminal state last: the stream ends with it, and
-    # a message recorded at the same moment (why it ended) must come first.
-    merged = sorted(
-        list(job.states) + stored,
-        key=lambda e: (isinstance(e, StateEvent) and e.terminal, e.timestamp))
-    job.events.clear()
-    job.events.extend(merged)
-    job.messages_loaded = True
 
   def subscribe(self, job_id: str, messages: bool = True,
                 active: Callable[[], bool] = lambda: True,
@@ -473,26 +410,8 @@ class JobRegistry:
     """
     with self._cond:
       job = self._get(job_id)
-      self._load_messages(job)
-    return self._events(job, messages, active, poll_secs)
-
-  def _events(self, job: Job, messages: bool, active, poll_secs) -> Iterator[Event]:
-    sent = 0  # events of job.events already seen, counting dropped ones
-    while True:
-      with self._cond:
-        while (job.dropped_events + len(job.events) <= sent and active()):
-          self._cond.wait(poll_secs)
-        start = max(0, sent - job.dropped_events)
-        pending = list(job.events)[start:]
-        sent = job.dropped_events + len(job.events)
-      if not pending:
-        return  # the client went away
-      for event in pending:
-        if isinstance(event, MessageEvent) and not messages:
-          continue
-        yield event
-        if isinstance(event, StateEvent) and event.terminal:
-          return
+      streams.load_history(job, self._store)
+    return streams.follow(job, self._cond, messages, active, poll_secs)
 
   def wait(self, job_id: str, timeout: Optional[float] = None) -> int:
     """Waits until the job ends (or ``timeout`` seconds); its state."""

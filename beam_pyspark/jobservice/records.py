@@ -70,6 +70,9 @@ class Job:
         maxlen=MAX_LIVE_EVENTS)
     self.dropped_events = 0
     self.execution = None
+    # Which execution's events count: the registry moves it on when it
+    # runs the job again after a restart, or lets a stopping one go.
+    self.generation = 0
     self.has_run = False
     self.past = False
     self.messages_loaded = True

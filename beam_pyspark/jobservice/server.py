@@ -17,6 +17,7 @@ from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
 from beam_pyspark.jobservice.health import health_handler
+from beam_pyspark.jobservice.recovery import StreamingRecovery
 from beam_pyspark.jobservice.service import DEFAULT_MAX_INVOCATION_HISTORY
 from beam_pyspark.jobservice.service import JobService
 from beam_pyspark.jobservice.store import JobStore
@@ -93,15 +94,19 @@ def _lock_artifacts_dir(root: str):
 
 
 def spark_invoke(config: JobServerConfig,
-                 status_url: Callable[[], Optional[str]] = lambda: None):
+                 status_url: Callable[[], Optional[str]] = lambda: None,
+                 recovery: Optional[StreamingRecovery] = None):
   """The executor handed to the job service: our one engine.
-  ``status_url()``: the status page's URL, once it serves."""
+  ``status_url()``: the status page's URL, once it serves. ``recovery``
+  places streaming jobs' checkpoints where a restarted server finds them."""
   from beam_pyspark.execution import PipelineExecution
   from beam_pyspark.options import RunnerOptions
 
   def invoke(job_id, pipeline, options, listener):
     runner_options = RunnerOptions.from_job_options(
         options, master=config.spark_master_url, conf=config.spark_conf)
+    if recovery is not None:
+      recovery.assign(job_id, pipeline, runner_options)
     return PipelineExecution(pipeline, runner_options, job_id, listener,
                              status_url=status_url)
 
@@ -152,13 +157,18 @@ class JobServer:
     # process left (see ArtifactStagingService.recover).
     self.recovery = self.staging.recover(
         r.staging_token for r in self.store.jobs() if r.staging_token)
+    # Streaming jobs' checkpoints, under root so that they outlive this
+    # process: the next start resumes the jobs it left unfinished.
+    self.checkpoints = StreamingRecovery(root)
     self.service = JobService(
-        invoke or spark_invoke(config, lambda: self.status_url),
+        invoke or spark_invoke(config, lambda: self.status_url,
+                               self.checkpoints),
         staging=self.staging,
         staging_endpoint=f'{host}:{self.artifact_port}',
         store=self.store,
         max_invocation_history=config.max_invocation_history,
-        spark_master=config.spark_master_url)
+        spark_master=config.spark_master_url,
+        recovery=self.checkpoints)
     self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)
@@ -195,11 +205,15 @@ class JobServer:
           self.config.fully_qualified_name_glob)
       self._name_filter.__enter__()
       self._expansion_server.start()
+    # Once serving: clients of the resumed jobs can follow them here.
+    for job_id in self.service.resume_interrupted():
+      _LOGGER.info('Resuming job %s from its checkpoint', job_id)
 
   def shutdown(self, grace_secs: float, why: str = 'The job server is stopping'
                ) -> None:
-    """Stops taking jobs, lets running ones finish within ``grace_secs``,
-    cancels the rest, recording why (then call ``stop``)."""
+    """Stops taking jobs, stops streaming ones for the next start to
+    resume, lets other running ones finish within ``grace_secs``, cancels
+    the rest, recording why (then call ``stop``)."""
     self.service.registry.shutdown(grace_secs, why)
 
   status_url: Optional[str] = None

@@ -32,6 +32,7 @@ from beam_pyspark.jobservice.jobs import JobRegistry
 from beam_pyspark.jobservice.jobs import JobStateError
 from beam_pyspark.jobservice.jobs import ShuttingDownError
 from beam_pyspark.jobservice.jobs import UnknownJobError
+from beam_pyspark.jobservice.recovery import StreamingRecovery
 from beam_pyspark.jobservice.store import JobStore
 from beam_pyspark import options as options_module
 from beam_pyspark.options import ignored_by_job_server
@@ -152,13 +153,34 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       staging_endpoint: str = '',
       store: Optional[JobStore] = None,
       max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY,
-      spark_master: str = ''):
+      spark_master: str = '',
+      recovery: Optional[StreamingRecovery] = None):
     self._staging = staging
     self._staging_endpoint = staging_endpoint
     self._spark_master = spark_master
     self.registry = JobRegistry(
         invoke, store=store, max_invocation_history=max_invocation_history,
-        on_evict=staging.remove_job if staging is not None else None)
+        on_evict=staging.remove_job if staging is not None else None,
+        recovery=recovery)
+
+  def resume_interrupted(self) -> list[str]:
+    """Runs again, from their checkpoints, the streaming jobs an earlier
+    run of the server left unfinished (JobRegistry.resumable), with the
+    artifacts they staged then; returns their ids. Call once serving."""
+    resumed = self.registry.resumable()
+    for job_id in resumed:
+      self.registry.resume(job_id, resolve=self._resumed_pipeline)
+    return resumed
+
+  def _resumed_pipeline(self, job_id: str) -> beam_runner_api_pb2.Pipeline:
+    """A resumed job's pipeline with its staged artifacts (kept under
+    --artifacts-dir while the job is in the history); raises what staging
+    raises when they are gone."""
+    pipeline = self.registry.pipeline(job_id)
+    if self._staging is None or not any(dependencies(pipeline).values()):
+      return pipeline
+    return _with_resolved_artifacts(pipeline, self._staging.resolved_artifacts(
+        self.registry.job(job_id).staging_token))
 
   # -- Job API ----------------------------------------------------------------
 

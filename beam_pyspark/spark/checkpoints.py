@@ -165,19 +165,8 @@ class CheckpointDir:
     self._written = 0
 
   def manifests(self) -> list[Manifest]:
-    """The committed manifests, oldest first (an unreadable one is left
-    out: a manifest is only ever seen complete, so that is damage)."""
-    found = []
-    directory = os.path.join(self.path, _MANIFESTS)
-    for name in os.listdir(directory):
-      if not name.isdigit():
-        continue
-      try:
-        with open(os.path.join(directory, name), 'rb') as f:
-          found.append(pickle.load(f))
-      except (OSError, pickle.UnpicklingError, EOFError):
-        continue
-    return sorted(found, key=lambda m: m.batch)
+    """The committed manifests, oldest first."""
+    return _manifests(self.path)
 
   def write_file(self, batch: int, data: bytes) -> str:
     self._written += 1
@@ -222,6 +211,34 @@ class CheckpointDir:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _manifests(path: str) -> list[Manifest]:
+  """The manifests committed under ``path``, oldest first (an unreadable
+  one is left out: a manifest is only ever seen complete, so that is
+  damage)."""
+  found = []
+  directory = os.path.join(path, _MANIFESTS)
+  for name in os.listdir(directory):
+    if not name.isdigit():
+      continue
+    try:
+      with open(os.path.join(directory, name), 'rb') as f:
+        found.append(pickle.load(f))
+    except (OSError, pickle.UnpicklingError, EOFError):
+      continue
+  return sorted(found, key=lambda m: m.batch)
+
+
+def last_committed(path: str) -> Optional[int]:
+  """The micro-batch a job resuming from the checkpoint at ``path`` goes
+  on after (engine.CHECKPOINTS): its latest readable manifest's; None if
+  nothing committed there. Creates nothing, checks no fingerprint (the
+  engine does, when it resumes)."""
+  if not os.path.isdir(os.path.join(path, _MANIFESTS)):
+    return None
+  found = _manifests(path)
+  return found[-1].batch if found else None
 
 
 def _remove(path: str) -> None:
