@@ -75,6 +75,7 @@ class PipelineExecution:
     self._cancel_requested = False
     # Why the job was stopped to resume later (interrupt()), if it was.
     self._interrupted: Optional[str] = None
+    self._drain_requested = False
     self._over = False  # the run's thread is done (a STOPPED job ended)
     self._thread: Optional[threading.Thread] = None
 
@@ -101,6 +102,33 @@ class PipelineExecution:
     self._set_state(JobState.CANCELLING)
     if engine is not None:
       engine.cancel()
+
+  def drain(self) -> bool:
+    """Drains a streaming job (the Job API's Drain): its reads stop at
+    what their restrictions hold now (Beam's truncate), its watermarks go
+    to +inf, every window fires, and it ends DRAINED. False, doing
+    nothing, for a job that has nothing to drain (batch) or has ended."""
+    try:
+      if check_engine(self.pipeline, self.options) != STREAMING:
+        return False
+    except BeamPySparkError:
+      return False
+    with self._lock:
+      if (self._state in TERMINAL_STATES or self._cancel_requested or
+          self._drain_requested):
+        return self._drain_requested
+      self._drain_requested = True
+      engine = self._engine
+    self.message(f'Draining job {self.job_id}: its reads stop at what they '
+                 'hold now, and its windows fire as its watermarks go to '
+                 '+inf.')
+    self._set_state(JobState.DRAINING)
+    if engine is not None:
+      self._start_drain(engine)
+    return True
+
+  def _start_drain(self, engine) -> None:
+    engine.drain(plan_pipeline(self.pipeline, drain=True, streaming=True))
 
   def interrupt(self, reason: str) -> bool:
     """Stops a streaming job so that it can resume: between micro-batches
@@ -231,9 +259,13 @@ class PipelineExecution:
       with self._lock:
         self._engine = engine
         cancelled = self._cancel_requested
+        draining = self._drain_requested
       if cancelled:
         raise JobCancelledError(self.job_id)
-      self._set_state(JobState.RUNNING)
+      if draining:  # asked before the engine was there
+        self._start_drain(engine)
+      else:
+        self._set_state(JobState.RUNNING)
       self.message(
           f'Running job {self.job_id}: {len(plan.stages)} stages on '
           f'{engine.describe()}')
@@ -261,7 +293,8 @@ class PipelineExecution:
           self._final_status = status
       self.message(
           f'Job {self.job_id} finished in {time.monotonic() - started:.1f}s')
-      self._set_state(JobState.DONE)
+      self._set_state(
+          JobState.DRAINED if self._drain_requested else JobState.DONE)
     except JobCancelledError:
       self._cancelled()
     except PipelineExecutionError as exn:

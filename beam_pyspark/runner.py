@@ -46,6 +46,8 @@ _STATES = {
     beam_job_api_pb2.JobState.FAILED: runner.PipelineState.FAILED,
     beam_job_api_pb2.JobState.CANCELLED: runner.PipelineState.CANCELLED,
     beam_job_api_pb2.JobState.CANCELLING: runner.PipelineState.CANCELLING,
+    beam_job_api_pb2.JobState.DRAINING: runner.PipelineState.DRAINING,
+    beam_job_api_pb2.JobState.DRAINED: runner.PipelineState.DRAINED,
 }
 _ENDED = frozenset(_STATES[s] for s in TERMINAL_STATES if s in _STATES)
 
@@ -288,6 +290,17 @@ class PySparkPipelineResult(runner.PipelineResult):
 
   def cancel(self):
     self._registry.cancel(self._job_id)
+    self._registry.wait(self._job_id)
+    if self._reporter is not None:
+      self._reporter.join()
+    return self.state
+
+  def drain(self):
+    """Drains a streaming job and waits for it: its reads stop at what
+    they hold now, every window fires, it ends DRAINED (the Job API's
+    Drain; Beam's PipelineResult has no such call, Dataflow's console
+    does)."""
+    self._registry.drain(self._job_id)
     self._registry.wait(self._job_id)
     if self._reporter is not None:
       self._reporter.join()

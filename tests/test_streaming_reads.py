@@ -137,3 +137,63 @@ def test_a_watched_directory_is_read_as_files_arrive(tmp_path):
         | beam.FlatMap(lambda f: f.read_utf8().splitlines()))
     assert_that(lines, equal_to(['a1', 'a2', 'b1', 'b2', 'c1', 'c2']))
   writer.join()
+
+
+# -- drain ------------------------------------------------------------------------
+
+
+class _Record(beam.DoFn):
+  """Writes each window's pane to OUT/<window start>-<pane index>, through
+  a temporary name and a rename."""
+  def __init__(self, out):
+    self.out = out
+
+  def process(self, kv, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+    name = f'{int(w.start.micros)}-{pane.index}'
+    tmp = os.path.join(self.out, f'.{name}.{os.getpid()}')
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(' '.join(str(t) for t in sorted(kv[1])))
+    os.replace(tmp, os.path.join(self.out, name))
+
+
+def test_a_drained_job_ends_drained_with_every_window_complete(tmp_path):
+  """A PeriodicImpulse that would never end, drained while it runs: its
+  reads stop at what they hold (PeriodicImpulse truncates to nothing
+  left), its watermark goes to +inf, every window fires once with every
+  element read for it, and the job ends DRAINED."""
+  from apache_beam.runners.runner import PipelineState
+  from apache_beam.transforms.periodicsequence import PeriodicImpulse
+  out = tmp_path / 'out'
+  out.mkdir()
+  start = int(time.time()) + 1
+  options = PipelineOptions(['--streaming', '--spark_master_url=local[2]'])
+  p = beam.Pipeline(RUNNER, options=options)
+  _ = (p | PeriodicImpulse(start_timestamp=start, fire_interval=0.25)
+       | beam.Map(lambda t: ('all', round(float(t) * 4)))
+       | beam.WindowInto(window.FixedWindows(2)) | beam.GroupByKey()
+       | beam.ParDo(_Record(str(out))))
+  result = p.run()
+  deadline = time.monotonic() + 180
+  while len(os.listdir(out)) < 2:  # two windows fired: it is streaming
+    assert result.state == PipelineState.RUNNING, result.state
+    assert time.monotonic() < deadline, 'no window fired'
+    time.sleep(0.2)
+  assert result.drain() == PipelineState.DRAINED
+  panes = {}
+  for name in os.listdir(out):
+    if not name.startswith('.'):
+      window_start, index = (int(x) for x in name.split('-'))
+      panes.setdefault(window_start, []).append(
+          (index, [int(x) for x in (out / name).read_text().split()]))
+  # One pane per window: the default trigger, fired once by the watermark.
+  assert all(len(v) == 1 and v[0][0] == 0 for v in panes.values()), panes
+  ticks = sorted(t for v in panes.values() for t in v[0][1])
+  # Every element read, none twice, from the first tick on: the last
+  # window fired too (drained: the watermark reached +inf).
+  assert ticks == list(range(start * 4, start * 4 + len(ticks)))
+  for window_start, ((_, values),) in panes.items():
+    assert all(window_start <= t * 250_000 < window_start + 2_000_000
+               for t in values)
+  # Windows before the last hold all of their 8 ticks.
+  full = sorted(panes)[:-1]
+  assert full and all(len(panes[w][0][1]) == 8 for w in full)

@@ -31,6 +31,7 @@ from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
+from beam_pyspark.events import state_name
 from beam_pyspark.jobservice import streams
 from beam_pyspark.jobservice.records import Job
 from beam_pyspark.jobservice.records import JobSnapshot
@@ -253,6 +254,22 @@ class JobRegistry(Restarts):
       self._append_message(self._get(job_id),
                            MessageEvent(self._clock(), importance, text))
       self._cond.notify_all()
+
+  def drain(self, job_id: str) -> int:
+    """Drains a running streaming job (its state: DRAINING, then DRAINED);
+    refuses (JobStateError) a job with nothing to drain."""
+    with self._cond:
+      job = self._get(job_id)
+      execution = job.execution
+    if job.terminal or execution is None:
+      raise JobStateError(f'Job {job_id} cannot be drained: it is '
+                          f'{state_name(job.state)}, not running.')
+    if not execution.drain():
+      raise JobStateError(
+          f'Job {job_id} cannot be drained: only a streaming job reads '
+          'sources that drain; cancel it instead.')
+    with self._cond:
+      return job.state
 
   def cancel(self, job_id: str) -> int:
     """Cancels a prepared or running job; returns its state."""

@@ -280,6 +280,13 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
         state=self.registry.cancel(request.job_id))
 
   @_unary
+  def Drain(self, request, context=None):
+    """A running streaming job drains: its reads stop at what they hold,
+    its windows fire, it ends DRAINED. Batch jobs: FAILED_PRECONDITION."""
+    return beam_job_api_pb2.DrainJobResponse(
+        state=self.registry.drain(request.job_id))
+
+  @_unary
   def GetJobs(self, request, context=None):
     """Every job; their options only while the answer stays well under
     gRPC's default 4 MB message limit (newest jobs first get theirs)."""

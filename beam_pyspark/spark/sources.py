@@ -303,6 +303,7 @@ class Query:
       except Exception:  # pylint: disable=broad-except
         pass
       _remove(os.path.join(self.root, STOP_MARKER))
+      _remove(os.path.join(self.root, DRAIN_MARKER))
     if self._errors:
       # The engine's own error (a user's traceback), not Spark's wrapping.
       raise self._errors[0]

@@ -193,6 +193,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._batches = (sources.source_batches(self.plan)
                      if self._teststream else [])
     self._check_cancelled()
+    if self._reads.drained is not None:  # drained before it started
+      sources.request_drain(self._checkpoint.path)
     self._query = sources.Query(
         self.sc, self.job_id, self._checkpoint.path, self._run_batch,
         finished=lambda: self._finished, stopping=self._cancelled.is_set,
