@@ -7,8 +7,9 @@ closes: a streaming Beam pipeline on Spark.
 
 ``PeriodicImpulse`` emits ``--rate`` events a second for ``--seconds``
 (each a word from a small vocabulary, stamped with its event time); the
-pipeline counts words per 10-second window and writes one file per window
-(``fileio.WriteToFiles``), each as its window closes: when the watermark
+pipeline counts words per 10-second window and writes each window's counts
+(``fileio.WriteToFiles``: a file per bundle that wrote to the window, so a
+window's words may be split over a few) as the window closes: when the watermark
 (the impulse's own, held back by what it has yet to emit) passes the
 window's end. Stop it with Ctrl-C; run it again with the same
 ``--checkpoint_location`` to resume where it stopped.
