@@ -76,8 +76,11 @@ def main(argv=None) -> int:
   sub = parser.add_subparsers(dest='command', required=True)
   _job_server_parser(sub)
   args = parser.parse_args(argv)
+  # force: importing Beam already logged a warning through the root logger,
+  # which gave it a handler at WARNING; the server's INFO lines need ours.
   logging.basicConfig(
-      level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+      level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s',
+      force=True)
   logging.getLogger('py4j').setLevel(logging.WARNING)
 
   from beam_pyspark.jobservice.server import ArtifactsDirInUseError
