@@ -108,10 +108,7 @@ class PipelineExecution:
     what their restrictions hold now (Beam's truncate), its watermarks go
     to +inf, every window fires, and it ends DRAINED. False, doing
     nothing, for a job that has nothing to drain (batch) or has ended."""
-    try:
-      if check_engine(self.pipeline, self.options) != STREAMING:
-        return False
-    except BeamPySparkError:
+    if not self._is_streaming():
       return False
     with self._lock:
       if (self._state in TERMINAL_STATES or self._cancel_requested or
@@ -127,6 +124,12 @@ class PipelineExecution:
       self._start_drain(engine)
     return True
 
+  def _is_streaming(self) -> bool:
+    try:
+      return check_engine(self.pipeline, self.options) == STREAMING
+    except BeamPySparkError:
+      return False
+
   def _start_drain(self, engine) -> None:
     engine.drain(plan_pipeline(self.pipeline, drain=True, streaming=True))
 
@@ -137,12 +140,7 @@ class PipelineExecution:
     ends STOPPED (Beam's "paused or not yet started"), not CANCELLED.
     Returns False, doing nothing, for a job that could not resume (batch,
     or no checkpoint location): cancel that instead."""
-    if not self.options.checkpoint_location:
-      return False
-    try:
-      if check_engine(self.pipeline, self.options) != STREAMING:
-        return False
-    except BeamPySparkError:
+    if not self.options.checkpoint_location or not self._is_streaming():
       return False
     with self._lock:
       if self._state in TERMINAL_STATES or self._cancel_requested:

@@ -81,7 +81,7 @@ SDF_KILL_AT = 112  # shard 1's record 12: micro-batch 3 or so
 SDF_BUDGET = 12
 
 
-class _ShardProvider(beam.transforms.core.RestrictionProvider):
+class ShardProvider(beam.transforms.core.RestrictionProvider):
   def initial_restriction(self, shard):
     return OffsetRange(0, RECORDS)
 
@@ -97,7 +97,7 @@ class _Shards(beam.DoFn):
   @beam.DoFn.unbounded_per_element()
   def process(
       self, shard,
-      tracker=beam.DoFn.RestrictionParam(_ShardProvider()),
+      tracker=beam.DoFn.RestrictionParam(ShardProvider()),
       estimator=beam.DoFn.WatermarkEstimatorParam(
           ManualWatermarkEstimator.default_provider())):
     position = tracker.current_restriction().start

@@ -14,7 +14,6 @@ import time
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.restriction_trackers import OffsetRange
-from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -25,6 +24,8 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.spark.streamreads import METRICS_NAMESPACE
 
+import streaming_recovery_job as job
+
 RUNNER = 'beam_pyspark.PySparkRunner'
 
 # Shard 0 holds most of the records, at event times one second apart; the
@@ -33,15 +34,9 @@ SKEWED = {0: [i for i in range(600)], 1: [200 * i for i in range(30)],
           2: [200 * i + 7 for i in range(30)]}
 
 
-class _ShardProvider(beam.transforms.core.RestrictionProvider):
+class _ShardProvider(job.ShardProvider):
   def initial_restriction(self, shard):
     return OffsetRange(0, len(SKEWED[shard]))
-
-  def create_tracker(self, restriction):
-    return OffsetRestrictionTracker(restriction)
-
-  def restriction_size(self, shard, restriction):
-    return restriction.size()
 
 
 class _SkewedShards(beam.DoFn):
