@@ -156,12 +156,16 @@ def test_a_drained_job_ends_drained_with_every_window_complete(tmp_path):
   reads stop at what they hold (PeriodicImpulse truncates to nothing
   left), its watermark goes to +inf, every window fires once with every
   element read for it, and the job ends DRAINED."""
+  import json
+  import urllib.request
   from apache_beam.runners.runner import PipelineState
   from apache_beam.transforms.periodicsequence import PeriodicImpulse
+  from beam_pyspark.runner import status_page
   out = tmp_path / 'out'
   out.mkdir()
   start = int(time.time()) + 1
-  options = PipelineOptions(['--streaming', '--spark_master_url=local[2]'])
+  options = PipelineOptions(['--streaming', '--spark_master_url=local[2]',
+                             '--status_port=0'])
   p = beam.Pipeline(RUNNER, options=options)
   _ = (p | PeriodicImpulse(start_timestamp=start, fire_interval=0.25)
        | beam.Map(lambda t: ('all', round(float(t) * 4)))
@@ -174,6 +178,14 @@ def test_a_drained_job_ends_drained_with_every_window_complete(tmp_path):
                             PipelineState.RUNNING), result.state
     assert time.monotonic() < deadline, 'no window fired'
     time.sleep(0.2)
+  # The status page shows the running job's watermarks, its impulse's
+  # live restriction and its micro-batches.
+  with urllib.request.urlopen(
+      f'{status_page()}api/jobs/{result.job_id}', timeout=30) as page:
+    streaming = json.load(page)['streaming']
+  assert streaming['micro_batches'] and streaming['endpoints']
+  assert any(w['output'] not in (None, '-inf')
+             for w in streaming['watermarks'].values()), streaming
   assert result.drain() == PipelineState.DRAINED
   panes = {}
   for name in os.listdir(out):

@@ -284,11 +284,12 @@ class StageRunner:
       return parent.pop() if parent else None
 
     try:
-      response = yield from self._process(data, timers, limits, halve)
+      response = yield from self._process(data, timers, limits, halve,
+                                          endpoint_id)
     finally:
       # Also when the bundle failed: its checkpointer polls no more.
-      splits = self._checkpoint.stop() if self._checkpoint else []
-      self._checkpoint = None
+      checkpoint, self._checkpoint = self._checkpoint, None
+      splits = checkpoint.stop() if checkpoint else []
     self._finalize()
     runtime, coders = self.runtime, self.stage.input_coders
     # Its own checkpoints; busy if they were the claim budget's.
@@ -300,12 +301,13 @@ class StageRunner:
                if root.HasField('requested_time_delay') else 0)
       yield endpoints.RESIDUAL_TAG, endpoints.residual(
           runtime, coders[input_id], input_id, app, delay, heir(), busy)
-    # The runner's splits: what it took from the bundle had more to read.
+    # The runner's splits (a halving, or its grant ran out: busy).
+    busy = len(splits) > 1 or bool(checkpoint and checkpoint.by_grant)
     for root in (r for split in splits for r in split.residual_roots):
       app = root.application
       input_id = self._input_for(app.transform_id, app.input_id)
       yield endpoints.RESIDUAL_TAG, endpoints.residual(
-          runtime, coders[input_id], input_id, app, parent=heir(), busy=True)
+          runtime, coders[input_id], input_id, app, parent=heir(), busy=busy)
     for channel in (c for split in splits for c in split.channel_splits):
       transform_id = channel.transform_id
       impl = runtime.coder_impl(coders[transform_id])
@@ -315,7 +317,8 @@ class StageRunner:
           yield endpoints.RESIDUAL_TAG, endpoints.unread(
               runtime, coders[transform_id], transform_id, element)
 
-  def _watch(self, limits: endpoints.Limits, halve: bool = False):
+  def _watch(self, limits: endpoints.Limits, halve: bool = False,
+             endpoint_id: Optional[str] = None):
     """A function starting the checkpointer of a bundle (its id given)."""
     found = endpoints.splittable_transform(self._descriptor)
     input_id = splittable_input(self._descriptor)
@@ -323,17 +326,26 @@ class StageRunner:
       return None
     counted = found[1]
 
-    def watch(instruction_id: str, budget=None) -> endpoints.Checkpointer:
+    def watch(instruction_id: str, budget=None, fail=None
+              ) -> endpoints.Checkpointer:
+      def hung(secs: float) -> None:
+        fail(f'A streaming read of stage {self.stage.name!r} ran {secs:.0f} '
+             f's in one bundle without returning (endpoint {endpoint_id}): '
+             'its splittable DoFn neither finished nor claimed, so the runner '
+             'could not checkpoint it. The job stops rather than wait for '
+             'ever: a DoFn that waits for data should return '
+             'ProcessContinuation.resume() (or defer_remainder) meanwhile.')
+
       self._checkpoint = endpoints.Checkpointer(
           self._harness, instruction_id, input_id, counted, limits,
-          halve, budget).start()
+          halve, budget, hung if fail is not None else None).start()
       return self._checkpoint
 
     return watch
 
   def _process(
       self, data, timers, limits: Optional[endpoints.Limits] = None,
-      halve: bool = False
+      halve: bool = False, endpoint_id: Optional[str] = None
   ) -> Generator[tuple[str, bytes], None, beam_fn_api_pb2.InstructionResponse]:
     """Runs one bundle: yields its data output as the harness writes it and
     records the timers it sets; returns its response, once all of its output
@@ -347,8 +359,8 @@ class StageRunner:
     # Every input and timer stream is sent, closed, even when empty: a
     # harness over gRPC waits for the end of each.
     inputs = {t: data.get(t, ()) for t in self.stage.inputs}
-    watch = (self._watch(limits, halve) if limits is not None and data
-             else None)
+    watch = (self._watch(limits, halve, endpoint_id)
+             if limits is not None and data else None)
     claims = limits.records if watch is not None else None
     output = self._start(inputs, fired_timers, watch, claims,
                          halve and watch is not None)
@@ -387,13 +399,14 @@ class StageRunner:
     h = self._harness
     iid = h.next_instruction_id()
     if not h.collects_output:
-      extra = {} if claims is None else {'claim_limit': claims,
-                                          'halve': halve}
+      extra = {} if watch is None else {'claim_limit': claims,
+                                         'halve': halve}
       output = h.process_bundle(
           self._descriptor, iid, inputs, fired_timers, self._expected,
           split=self._split, cache_token=self._cache_token, **extra)
       if watch is not None:
-        watch(iid, getattr(output, 'claim_budget', None))
+        watch(iid, getattr(output, 'claim_budget', None),
+              getattr(output, 'fail', None))
       return output
     if watch is not None:
       # This harness runs the bundle to its end in process_bundle: it

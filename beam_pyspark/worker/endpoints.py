@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from typing import Callable
 from typing import Optional
 
 from apache_beam.metrics import monitoring_infos
@@ -37,9 +38,10 @@ ENDPOINT_TAG = '\x00endpoint'
 # How often a running bundle's progress is read, at most and at least.
 MIN_POLL_SECS = 0.002
 MAX_POLL_SECS = 0.05
-# A bundle that output nothing is checkpointed only after this many times
-# its time limit.
-STALL_FACTOR = 5
+# A bundle still running after this long (or this many times its time
+# limit, if more) is stuck in its DoFn: its task fails, naming it.
+HANG_SECS = 300
+HANG_FACTOR = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +127,6 @@ def set_claim_budget(thread_name: str, limit: Optional[int],
   HALVE_WAIT_SECS) for the runner to split its restriction in two
   (``Checkpointer``), which a fast source would otherwise have finished
   reading before the runner's split request is served."""
-  if limit is None and not halve:
-    return None
   _install()
   budget = _claim_budgets[thread_name] = ClaimBudget(
       max(1, limit) if limit is not None else 1 << 62, halve)
@@ -230,8 +230,15 @@ class Checkpointer:
   """
   def __init__(self, harness, instruction_id: str, input_id: str,
                counted: list[str], limits: Limits, split: bool = False,
-               budget: Optional[ClaimBudget] = None):
+               budget: Optional[ClaimBudget] = None,
+               on_hang: Optional[Callable[[float], None]] = None):
     self.harness = harness
+    # on_hang(seconds): the bundle ran HANG_SECS (or HANG_FACTOR times its
+    # limit) and would not stop; the caller ends it.
+    self.on_hang = on_hang
+    # Whether the checkpoint was the grant's (the endpoint had more to
+    # read than it was granted: busy), not the time's.
+    self.by_grant = False
     # An in-process bundle's claim budget: it says when to halve it.
     self.budget = budget
     self.instruction_id = instruction_id
@@ -270,24 +277,30 @@ class Checkpointer:
       budget.halved.set()
     started = time.monotonic()
     limit = self.limits.records
+    hang = max(HANG_SECS, HANG_FACTOR * self.limits.secs)
     wait = MIN_POLL_SECS
     while not self._finished.wait(wait):
       elapsed = time.monotonic() - started
+      if elapsed >= hang and self.on_hang is not None:
+        self.on_hang(elapsed)
+        return
       progress = self._progress()
       if progress is None:  # not started yet, or ended
         wait = MAX_POLL_SECS / 5
         continue
       count, size = progress
-      if self.split and self._split(0.5):
+      # It made progress: a claim (in process, counted), else an output. A
+      # split before its first claim would take all of its work, so that a
+      # DoFn that polls and then claims (Beam's Watch) loses its poll: a
+      # slow one would never progress.
+      moved = count > 0 or (budget is not None and budget.claims > 0)
+      if self.split and moved and self._split(0.5):
         self.split = False
-      due = limit is not None and count >= limit
-      due = due or (self.limits.size is not None and size >= self.limits.size)
-      # Out of time: once it output something (a harness slow to set its
-      # DoFns up must not be checkpointed before it read anything, or an
-      # endpoint could never progress), or after much longer.
-      due = due or (elapsed >= self.limits.secs and count > 0) or (
-          elapsed >= STALL_FACTOR * self.limits.secs)
-      if due and self._split(0):
+      by_grant = (limit is not None and count >= limit) or (
+          self.limits.size is not None and size >= self.limits.size)
+      if (by_grant or (moved and elapsed >= self.limits.secs)) and (
+          self._split(0)):
+        self.by_grant = by_grant
         return
       # Poll again about when half the rest of the grant is due at this
       # rate, or the time is up.

@@ -30,6 +30,7 @@ from apache_beam.runners.worker import data_plane
 from apache_beam.runners.worker import sdk_worker
 from apache_beam.runners.worker import statecache
 
+from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.worker import endpoints
 from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
 from beam_pyspark.worker.harnesses.base import OutputElement
@@ -146,6 +147,8 @@ class StreamedBundle:
     self.instruction_id = instruction_id
     self.response = None
     self._budget = budget
+    # Set (by another thread) to end a bundle stuck in user code.
+    self._failure: Optional[str] = None
     self._harness = harness
     self._out = out
     self._thread = thread
@@ -159,6 +162,8 @@ class StreamedBundle:
         try:
           item = items.get(timeout=_GET_POLL_SECS)
         except queue.Empty:
+          if self._failure is not None:
+            raise PipelineExecutionError(self._failure)
           if self._thread.is_alive() or not items.empty():
             continue
           raise RuntimeError(
@@ -171,6 +176,11 @@ class StreamedBundle:
       if end is None:
         self.close()
     self._end(end)
+
+  def fail(self, reason: str) -> None:
+    """Gives up on a bundle stuck in user code: its reader raises
+    ``reason`` at its next wait (the harness is then dropped)."""
+    self._failure = reason
 
   @property
   def claim_budget(self) -> Optional[endpoints.ClaimBudget]:
