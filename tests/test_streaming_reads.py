@@ -104,32 +104,53 @@ def test_a_skewed_backlog_loses_no_record_and_busy_reads_split(caplog):
   assert granted[0].committed <= 60 * batches[0].committed
 
 
+class _Note(beam.DoFn):
+  """Appends each line it sees to a file (the test's view of progress)."""
+  def __init__(self, path):
+    self.path = path
+
+  def process(self, line):
+    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+      os.write(fd, (line + '\n').encode())
+    finally:
+      os.close(fd)
+    yield line
+
+
 def test_a_watched_directory_is_read_as_files_arrive(tmp_path):
-  """fileio.MatchContinuously (a PeriodicImpulse of matches) over a
-  directory written to while the job runs: every line of every file is
-  read once, files that appear late included."""
+  """fileio.MatchContinuously (Beam's Watch: a splittable DoFn that polls,
+  then claims) over a directory written to while the job runs: files that
+  appear once the job has read the first are read too, every line once."""
   incoming = tmp_path / 'incoming'
   incoming.mkdir()
   (incoming / 'a.txt').write_text('a1\na2\n')
+  seen = tmp_path / 'seen'
 
   def write_more():
-    time.sleep(4)
+    deadline = time.monotonic() + 240
+    while not (seen.exists() and 'a1' in seen.read_text()):
+      if time.monotonic() > deadline:
+        return
+      time.sleep(0.1)
     for name in ('b', 'c'):
       tmp = tmp_path / f'{name}.tmp'
       tmp.write_text(f'{name}1\n{name}2\n')
       os.replace(tmp, incoming / f'{name}.txt')
-      time.sleep(1)
 
   writer = threading.Thread(target=write_more, daemon=True)
   writer.start()
   options = PipelineOptions(['--streaming', '--spark_master_url=local[2]'])
   with beam.Pipeline(RUNNER, options=options) as p:
+    # Polls counted from the first one on: six, a second apart.
     lines = (
         p | fileio.MatchContinuously(
             str(incoming / '*.txt'), interval=1.0,
-            stop_timestamp=Timestamp.now() + 14)
+            start_timestamp=Timestamp.now(),
+            stop_timestamp=Timestamp.now() + 6)
         | fileio.ReadMatches()
-        | beam.FlatMap(lambda f: f.read_utf8().splitlines()))
+        | beam.FlatMap(lambda f: f.read_utf8().splitlines())
+        | beam.ParDo(_Note(str(seen))))
     assert_that(lines, equal_to(['a1', 'a2', 'b1', 'b2', 'c1', 'c2']))
   writer.join()
 
