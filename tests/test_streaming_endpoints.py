@@ -188,3 +188,24 @@ def test_a_finished_or_stopped_job_offers_nothing(tmp_path):
   _commit(tmp_path, 1, {'endpoints': {'1': (None, 0)}})
   (tmp_path / STOP_MARKER).touch()
   assert _reader(tmp_path).latestOffset(start, None) == start
+
+
+def test_busy_endpoints_are_split_while_the_read_has_room():
+  from beam_pyspark.streaming.endpoints import to_split
+  book = EndpointBook()
+  busy = book.add('read', 'in', b'a', None, 0, None, busy=True)
+  idle = book.add('read', 'in', b'b', None, 0, None)
+  other = book.add('read', 'in', b'c', None, 0, None, busy=True)
+  granted = [(busy, 10), (idle, 10), (other, 10)]
+  # Three live, room for four: one split, the first busy one.
+  assert to_split(granted, live=3, most=4) == {busy.endpoint_id}
+  assert to_split(granted, live=3, most=8) == {busy.endpoint_id,
+                                              other.endpoint_id}
+  assert to_split(granted, live=4, most=4) == set()
+  # What is left of a split endpoint keeps its id (its first residual).
+  taken = book.take({busy.endpoint_id: 10})
+  again = book.add('read', 'in', b'a2', None, 0, None,
+                   endpoint_id=taken['read'][0][0].endpoint_id)
+  assert again.endpoint_id == busy.endpoint_id
+  assert book.add('read', 'in', b'a3', None, 0, None,
+                  endpoint_id=busy.endpoint_id).endpoint_id != busy.endpoint_id
