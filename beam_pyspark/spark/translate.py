@@ -49,6 +49,7 @@ from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.spark.progress import ProgressTracker
 from beam_pyspark.spark.reads import split_rdd
+from beam_pyspark.spark.release import release_harnesses
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
 from beam_pyspark.worker.bundles import splittable_input
 from beam_pyspark.worker import harnesses
@@ -206,38 +207,13 @@ class SparkPipelineJob:
     return progress
 
   def _release_harnesses(self) -> None:
-    """Best effort: stop the job's harnesses when the job ends.
-
-    A task per Python worker slot asks its worker to stop them (in-process
-    harnesses hold their DoFns' set-up resources, others a process); a
-    worker that gets none stops them when idle (worker.harnesses.IDLE_SECS).
-    """
-    slots = 2 * max(1, self.sc.defaultParallelism)
-    sc, job_id, succeeded = self.sc, self.job_id, self._succeeded
-
-    def release():
-      try:
-        sc.setJobGroup(
-            f'{job_id}-release', f'Beam job {job_id}: release', True)
-        sc.parallelize(range(slots), slots).foreach(
-            tasks.ReleaseJob(job_id, succeeded))
-      except Exception:  # pylint: disable=broad-except
-        # A context stopped meanwhile took the harnesses with its workers.
-        stopped = getattr(sc, '_jsc', None) is None
-        _LOGGER.log(logging.DEBUG if stopped else logging.WARNING,
-                    'Could not release the harnesses of %s', job_id,
-                    exc_info=True)
-
-    if not all(self._kind(stage).in_process for stage in self.plan.stages):
-      # Harness processes: stopped before the job is reported done, as a
-      # program that exits right after its pipeline would leave them.
-      release()
-    else:
-      # In-process harnesses only: the job's end need not wait for their
-      # release (a Spark job of its own, ~0.1-0.2 s); a worker the release
-      # misses reaps them when idle.
-      threading.Thread(target=release, name=f'release-{job_id}',
-                       daemon=True).start()
+    """Best effort: stop the job's harnesses when the job ends (spark.release);
+    harness processes before the job is reported done, as a program that
+    exits right after its pipeline would leave them."""
+    release_harnesses(
+        self.sc, self.job_id, self._succeeded,
+        wait=not all(self._kind(stage).in_process
+                     for stage in self.plan.stages))
 
   def _kind(self, stage: StagePlan) -> harnesses.HarnessKind:
     """The kind of harness that runs the stage."""
