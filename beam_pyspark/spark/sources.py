@@ -308,18 +308,39 @@ class Query:
       # The engine's own error (a user's traceback), not Spark's wrapping.
       raise self._errors[0]
 
-  def _each(self, frame, _batch_id) -> None:
+  def _each(self, frame, batch_id) -> None:
     if self._errors:
       return
     try:
       # foreachBatch runs on a thread of its own: the job's Spark jobs
       # belong to its group there too (Cancel).
       self.sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
+      trigger = self._logged_trigger(batch_id)
+      if trigger is not None:
+        self.run_batch(trigger)
+        return
       for row in sorted(frame.collect(), key=lambda r: r.batch):
         self.run_batch(Trigger(row.batch, row.time, json.loads(row.grants)))
     except BaseException as exn:  # pylint: disable=broad-except
       self._errors.append(exn)
       raise
+
+
+  def _logged_trigger(self, batch_id: int) -> Optional[Trigger]:
+    """The micro-batch as Spark logged its offset before running it
+    (``offsets/<id>``: a version line, Spark's metadata, then our source's
+    offset), read without a Spark job over the source's rows (one a
+    micro-batch, 0.1-0.3 s); None when the log does not read as one trigger
+    (the rows are read then)."""
+    try:
+      with open(os.path.join(self.location, 'offsets', str(batch_id)),
+                encoding='utf-8') as f:
+        offset = json.loads(f.read().strip().splitlines()[-1])
+      if offset['batch'] != batch_id:
+        return None
+      return Trigger(offset['batch'], offset['time'], offset['grants'])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+      return None
 
 
 # How often the driver looks whether the query should end.
