@@ -154,7 +154,7 @@ def test_splittable_input_finds_the_sdf_read():
   import apache_beam as beam
   from apache_beam.portability.api import beam_fn_api_pb2
   from beam_pyspark.planning.plan import plan_pipeline
-  from beam_pyspark.worker.bundles import splittable_input
+  from beam_pyspark.worker.endpoints import splittable_input
   from apache_beam.io.restriction_trackers import OffsetRange
   from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 

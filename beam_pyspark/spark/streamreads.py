@@ -29,7 +29,7 @@ from beam_pyspark.streaming.endpoints import EndpointBook
 from beam_pyspark.streaming.endpoints import byte_shares
 from beam_pyspark.streaming.endpoints import to_split
 from beam_pyspark.worker import endpoints as worker_endpoints
-from beam_pyspark.worker.bundles import splittable_input
+from beam_pyspark.worker.endpoints import splittable_input
 
 RESIDUAL_TAG = worker_endpoints.RESIDUAL_TAG
 # A splittable stage's drained counterpart is named so (its harness and
@@ -157,7 +157,7 @@ class StreamReads:
     for tag, r in control:
       if tag == RESIDUAL_TAG:
         self.book.add(node, r.input_id, r.element, r.watermark, r.resume_at,
-                      r.backlog, r.parent, r.busy)
+                      r.backlog, r.parent, r.busy, r.position)
     return self.book.hold(node)
 
 
@@ -258,6 +258,7 @@ def streaming_status(watermarks: dict, names: dict, book: EndpointBook,
           e.endpoint_id: {
               'stage': names.get(e.node, e.node),
               'last grant': granted.get(e.endpoint_id),
+              'position': e.position,
               'backlog': e.backlog,
               'watermark': _when(e.watermark if e.watermark is not None
                                  else MIN_MICROS),

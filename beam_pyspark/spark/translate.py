@@ -51,7 +51,7 @@ from beam_pyspark.spark.progress import ProgressTracker
 from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.spark.release import release_harnesses
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
-from beam_pyspark.worker.bundles import splittable_input
+from beam_pyspark.worker.endpoints import splittable_input
 from beam_pyspark.worker import harnesses
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.shuffle import is_global_bytes_kv

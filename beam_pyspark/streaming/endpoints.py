@@ -43,6 +43,8 @@ class Endpoint:
   backlog: Optional[float]  # its restriction's size; None: unknown
   # It had more to read than its last grant (the runner checkpointed it).
   busy: bool = False
+  # Where its last bundle stopped (the last position claimed), for people.
+  position: Optional[str] = None
 
 
 class EndpointBook:
@@ -60,7 +62,7 @@ class EndpointBook:
   def add(self, node: str, input_id: str, element: bytes,
           watermark: Optional[int], resume_at: int,
           backlog: Optional[float], endpoint_id: Optional[str] = None,
-          busy: bool = False) -> Endpoint:
+          busy: bool = False, position: Optional[str] = None) -> Endpoint:
     """A live restriction; ``endpoint_id``: the id of the endpoint it is
     what is left of, kept (a shard keeps its id from batch to batch), if
     no endpoint has it now; else a new id."""
@@ -68,7 +70,7 @@ class EndpointBook:
       self._serial += 1
       endpoint_id = f'{self._serial}'
     endpoint = Endpoint(endpoint_id, node, input_id, element, watermark,
-                        resume_at, backlog, busy)
+                        resume_at, backlog, busy, position)
     self._endpoints[endpoint.endpoint_id] = endpoint
     return endpoint
 

@@ -38,6 +38,7 @@ from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.streaming.timers import TimerTable
 from beam_pyspark.worker import endpoints
+from beam_pyspark.worker.endpoints import splittable_input
 from beam_pyspark.worker import harnesses
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
@@ -76,32 +77,6 @@ def _transport_line(error: str) -> str:
     if any(marker in line for marker in _TRANSPORT_FAILURES):
       return line.strip()
   return error.strip().splitlines()[-1]
-
-
-def splittable_input(descriptor) -> Optional[str]:
-  """The DATA_INPUT feeding a splittable DoFn's process step, if any."""
-  sdf_urn = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
-  truncate_urn = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
-  transforms = descriptor.transforms
-  consumers: dict[str, list] = {}
-  for proto in transforms.values():
-    for pcoll in proto.inputs.values():
-      consumers.setdefault(pcoll, []).append(proto)
-
-  def feeds_sdf(pcoll, depth=0):
-    for c in consumers.get(pcoll, ()):
-      if c.spec.urn == sdf_urn:
-        return True
-      if c.spec.urn == truncate_urn and depth < 2:
-        if any(feeds_sdf(p, depth + 1) for p in c.outputs.values()):
-          return True
-    return False
-
-  for read_id, proto in transforms.items():
-    if proto.spec.urn == DATA_INPUT_URN and any(
-        feeds_sdf(p) for p in proto.outputs.values()):
-      return read_id
-  return None
 
 
 @dataclasses.dataclass
@@ -162,6 +137,7 @@ class StageRunner:
     self._defer_finalization = defer_finalization
     self._checkpoint: Optional[endpoints.Checkpointer] = None
     self._claims_exhausted = False
+    self._position = None
     self._to_finalize: list[str] = []
     self._timer_impls = {
         (t.transform_id, t.family_id): runtime.coder_impl(t.coder_id)
@@ -300,14 +276,16 @@ class StageRunner:
       delay = (root.requested_time_delay.ToMicroseconds()
                if root.HasField('requested_time_delay') else 0)
       yield endpoints.RESIDUAL_TAG, endpoints.residual(
-          runtime, coders[input_id], input_id, app, delay, heir(), busy)
+          runtime, coders[input_id], input_id, app, delay, heir(), busy,
+          self._position)
     # The runner's splits (a halving, or its grant ran out: busy).
     busy = len(splits) > 1 or bool(checkpoint and checkpoint.by_grant)
     for root in (r for split in splits for r in split.residual_roots):
       app = root.application
       input_id = self._input_for(app.transform_id, app.input_id)
       yield endpoints.RESIDUAL_TAG, endpoints.residual(
-          runtime, coders[input_id], input_id, app, parent=heir(), busy=busy)
+          runtime, coders[input_id], input_id, app, parent=heir(), busy=busy,
+          position=self._position)
     for channel in (c for split in splits for c in split.channel_splits):
       transform_id = channel.transform_id
       impl = runtime.coder_impl(coders[transform_id])
@@ -383,6 +361,8 @@ class StageRunner:
     if response.error:
       raise PipelineExecutionError(response.error)
     self._claims_exhausted = getattr(output, 'claims_exhausted', False)
+    budget = getattr(output, 'claim_budget', None)
+    self._position = budget.position if budget is not None else None
     self._bundles += 1
     self._metrics.extend(response.process_bundle.monitoring_infos)
     if response.process_bundle.requires_finalization:

@@ -26,6 +26,7 @@ from typing import Optional
 from apache_beam.metrics import monitoring_infos
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.runners.worker import bundle_processor
 
 from beam_pyspark.worker.elements import decode_all
 
@@ -87,6 +88,8 @@ class Residual:
   # Left by the runner's checkpoint (the bundle reached its limits), not
   # by the restriction's own: it had more to read than it was granted.
   busy: bool = False
+  # The last position its bundle claimed, for people (in-process only).
+  position: Optional[str] = None
 
 
 # -- claim budgets: a grant enforced at the restriction tracker ---------------
@@ -100,6 +103,8 @@ class ClaimBudget:
     self.limit = limit
     self.claims = 0
     self.exhausted = False
+    # The last position claimed (where the bundle's read is), for people.
+    self.position = None
     self.halve = halve
     self.first_claim = threading.Event()
     self.halved = threading.Event()
@@ -156,6 +161,7 @@ def _install() -> None:
         budget = _claim_budgets.get(threading.current_thread().name)
         if budget is None:
           return claimed
+        budget.position = position
         if budget.halve and not budget.first_claim.is_set():
           budget.first_claim.set()
           budget.halved.wait(HALVE_WAIT_SECS)
@@ -171,6 +177,32 @@ def _install() -> None:
   _installed = True
 
 
+def splittable_input(descriptor) -> Optional[str]:
+  """The DATA_INPUT feeding a splittable DoFn's process step, if any."""
+  sdf_urn = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+  truncate_urn = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
+  transforms = descriptor.transforms
+  consumers: dict[str, list] = {}
+  for proto in transforms.values():
+    for pcoll in proto.inputs.values():
+      consumers.setdefault(pcoll, []).append(proto)
+
+  def feeds_sdf(pcoll, depth=0):
+    for c in consumers.get(pcoll, ()):
+      if c.spec.urn == sdf_urn:
+        return True
+      if c.spec.urn == truncate_urn and depth < 2:
+        if any(feeds_sdf(p, depth + 1) for p in c.outputs.values()):
+          return True
+    return False
+
+  for read_id, proto in transforms.items():
+    if proto.spec.urn == bundle_processor.DATA_INPUT_URN and any(
+        feeds_sdf(p) for p in proto.outputs.values()):
+      return read_id
+  return None
+
+
 def splittable_transform(descriptor) -> Optional[tuple[str, list[str]]]:
   """The descriptor's splittable DoFn: (its transform id, the PCollections
   it outputs), whose elements are what a grant counts."""
@@ -184,14 +216,15 @@ def splittable_transform(descriptor) -> Optional[tuple[str, list[str]]]:
 def residual(runtime, coder_id: str, input_id: str,
              application: beam_fn_api_pb2.BundleApplication,
              delay_micros: int = 0, parent: Optional[str] = None,
-             busy: bool = False) -> Residual:
+             busy: bool = False, position=None) -> Residual:
   """A residual root (self- or runner-initiated checkpoint) as a Residual."""
   marks = [ts.seconds * 1_000_000 + ts.nanos // 1000
            for ts in application.output_watermarks.values()]
   return Residual(
       input_id, application.element, min(marks) if marks else None,
       _now_micros() + max(0, delay_micros),
-      backlog_of(runtime, coder_id, application.element), parent, busy)
+      backlog_of(runtime, coder_id, application.element), parent, busy,
+      None if position is None else repr(position)[:120])
 
 
 def unread(runtime, coder_id: str, input_id: str, element: bytes) -> Residual:
