@@ -280,3 +280,26 @@ def test_desired_split_bytes():
   assert spark_reads.desired_split_bytes(0, 2) == 64 << 20
   assert spark_reads.desired_split_bytes(1000, 2) == 1 << 20
   assert spark_reads.desired_split_bytes(100 << 20, 4) == 25 << 20
+
+
+class PaddedSquares(SquaresSource):
+  """A source whose pickle grows with ``padding``."""
+  def __init__(self, count, padding: bytes):
+    super().__init__(count)
+    self.padding = padding
+
+
+@pytest.mark.parametrize('padding', [0, 4500])
+def test_the_driver_unpickles_sources_of_any_size(padding):
+  # Beam wraps the pickled source in a BytesValue; its length bytes once
+  # reached the base64 decoder, which kept those that are base64 letters
+  # (a pickle of about 6.3 KiB: its second length byte is '1').
+  import random
+  padded = PaddedSquares(10, random.Random(padding).randbytes(padding))
+  p = beam.Pipeline()
+  _ = p | beam.io.Read(padded) | beam.Map(str)
+  plan = plan_pipeline(p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment.default()))
+  (read, ) = [s for s in plan.stages if s.kind == 'read']
+  _, _, splits = spark_reads.split_source(read.read_payload, 2)
+  assert splits
