@@ -88,6 +88,15 @@ class PySparkRunnerOptions(PipelineOptions):
         'Spark; the driver\'s own disk or shared storage on a cluster. '
         'Default: a directory of the job\'s own under the temporary '
         'directory, removed when the job ends (so no resume).')
+    parser.add_argument(
+        '--no_fast_path',
+        action='store_true',
+        default=False,
+        help='Run every fused stage in Beam\'s SDK harness. By default a '
+        'batch stage made only of a read, Map/FlatMap callables and a '
+        'lifted combine or GroupByKey runs as a plain loop in the Python '
+        'worker (the job\'s messages say how many stages did), with the '
+        'harness as its fallback.')
 
 
 # Beam's own option that this runner reads, next to ours.
@@ -176,6 +185,8 @@ class RunnerOptions:
   status_port: Optional[int] = None
   # Streaming: where micro-batches commit (None: a per-job temporary one).
   checkpoint_location: Optional[str] = None
+  # Batch stages of plain callables may skip the SDK harness (--no_fast_path).
+  fast_path: bool = True
   # The job's pipeline options as the Job API carries them, handed as they
   # are to SDK harnesses that run in their own processes.
   job_options: Optional[dict] = None
@@ -208,6 +219,7 @@ class RunnerOptions:
             DEFAULT_SPLIT_AFTER_SECS if split in (None, '') else float(split)),
         group_memory_mb=_optional_int(opt('group_memory_mb')),
         checkpoint_location=opt('checkpoint_location') or None,
+        fast_path=not _flag(opt('no_fast_path')),
         job_options=dict(options))
 
   @classmethod
@@ -234,6 +246,7 @@ class RunnerOptions:
         group_memory_mb=ours.group_memory_mb,
         status_port=ours.status_port,
         checkpoint_location=ours.checkpoint_location or None,
+        fast_path=not ours.no_fast_path,
         job_options={
             f'beam:option:{name}:v1': value
             for name, value in options.get_all_options(

@@ -51,7 +51,7 @@ def test_every_runner_option_is_described():
   assert names == {
       'spark_master_url', 'spark_conf', 'spark_parallelism', 'drain',
       'split_stragglers_after_secs', 'group_memory_mb', 'status_port',
-      'checkpoint_location'}
+      'checkpoint_location', 'no_fast_path'}
   assert all(o.description for o in runner_options())
 
 
