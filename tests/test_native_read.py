@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import random
 import re
 
 import pytest
@@ -303,3 +304,33 @@ def test_the_driver_unpickles_sources_of_any_size(padding):
   (read, ) = [s for s in plan.stages if s.kind == 'read']
   _, _, splits = spark_reads.split_source(read.read_payload, 2)
   assert splits
+
+
+@pytest.mark.parametrize('data', [
+    b'a\r\nbb\r\n\r\nccc\r\n', b'a\rb\nc\r\n\n\r\rd\r\n\re\n', b'x\ny\nlast',
+    b'', b'\n\n\n', 'naïve café\nünïcødé ✓\n'.encode('utf-8'),
+    bytes(random.Random(1).choice(b'ab\r\n') for _ in range(300))
+], ids=['crlf', 'lone-cr', 'no-newline', 'empty', 'blank', 'utf-8', 'random'])
+def test_plain_text_lines_are_beams_records_at_every_split(tmp_path, data):
+  # worker.textlines reads ReadFromText's splits with readline: the same
+  # records as Beam's _TextSource.read_records, wherever a split starts.
+  from apache_beam.io.filesystem import CompressionTypes
+  from apache_beam.io.textio import _TextSource
+  from beam_pyspark.worker.textlines import plain_text_records
+  path = str(tmp_path / 'lines.txt')
+  with open(path, 'wb') as f:
+    f.write(data)
+  coder = (beam.coders.BytesCoder() if b'\r' in data and b'b' in data else
+           beam.coders.StrUtf8Coder())
+  for strip in (True, False):
+    source = _TextSource(path, 0, CompressionTypes.AUTO, strip, coder,
+                         validate=False)
+    for desired in range(1, len(data) + 2):
+      for bundle in source.split(desired):
+        split = bundle.source
+        beams = list(split.read(split.get_range_tracker(
+            bundle.start_position, bundle.stop_position)))
+        ours = plain_text_records(split, bundle.start_position,
+                                  bundle.stop_position)
+        assert ours is not None
+        assert list(ours) == beams, (strip, desired, bundle.start_position)
