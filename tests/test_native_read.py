@@ -311,17 +311,21 @@ def test_the_driver_unpickles_sources_of_any_size(padding):
     b'', b'\n\n\n', 'naïve café\nünïcødé ✓\n'.encode('utf-8'),
     bytes(random.Random(1).choice(b'ab\r\n') for _ in range(300))
 ], ids=['crlf', 'lone-cr', 'no-newline', 'empty', 'blank', 'utf-8', 'random'])
-def test_plain_text_lines_are_beams_records_at_every_split(tmp_path, data):
-  # worker.textlines reads ReadFromText's splits with readline: the same
-  # records as Beam's _TextSource.read_records, wherever a split starts.
+@pytest.mark.parametrize('block', [3, 1 << 20])
+def test_plain_text_lines_are_beams_records_at_every_split(
+    tmp_path, monkeypatch, data, block):
+  # worker.textlines reads ReadFromText's splits in blocks, or with
+  # readline: the same records as Beam's _TextSource.read_records,
+  # wherever a split starts and however blocks end.
   from apache_beam.io.filesystem import CompressionTypes
   from apache_beam.io.textio import _TextSource
+  from beam_pyspark.worker import textlines
   from beam_pyspark.worker.textlines import plain_text_records
+  monkeypatch.setattr(textlines, 'BLOCK_BYTES', block)
   path = str(tmp_path / 'lines.txt')
   with open(path, 'wb') as f:
     f.write(data)
-  coder = (beam.coders.BytesCoder() if b'\r' in data and b'b' in data else
-           beam.coders.StrUtf8Coder())
+  coder = beam.coders.StrUtf8Coder()
   for strip in (True, False):
     source = _TextSource(path, 0, CompressionTypes.AUTO, strip, coder,
                          validate=False)
@@ -334,3 +338,24 @@ def test_plain_text_lines_are_beams_records_at_every_split(tmp_path, data):
                                   bundle.stop_position)
         assert ours is not None
         assert list(ours) == beams, (strip, desired, bundle.start_position)
+
+
+def test_plain_text_lines_fail_on_bad_utf8_as_beam_does(tmp_path):
+  from apache_beam.io.filesystem import CompressionTypes
+  from apache_beam.io.textio import _TextSource
+  from beam_pyspark.worker.textlines import plain_text_records
+  path = str(tmp_path / 'bad.txt')
+  with open(path, 'wb') as f:
+    f.write(b'good\nbad \xff here\nafter\n')
+  source = _TextSource(path, 0, CompressionTypes.AUTO, True,
+                       beam.coders.StrUtf8Coder(), validate=False)
+  (bundle, ) = source.split(1 << 20)
+  split = bundle.source
+  errors = []
+  for read in (
+      lambda: split.read(split.get_range_tracker(None, None)),
+      lambda: plain_text_records(split, None, None)):
+    with pytest.raises(UnicodeDecodeError) as raised:
+      list(read())
+    errors.append(str(raised.value))
+  assert errors[0] == errors[1]

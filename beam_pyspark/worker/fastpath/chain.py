@@ -170,95 +170,127 @@ class Fallback(Exception):
 # Sinks: where each element's outputs are committed.
 TABLE, RECORDS, ENCODED = 'table', 'records', 'encoded'
 
+# Per sink: (code before the outputs, code per output ``x``, code after),
+# at no indentation; TABLE and RECORDS code reads the output's key and
+# value from ``k`` and ``val``.
 _COMMIT = {
     # The precombine's table, as PGBKCVOperation keeps it (insertion order
     # is eviction order); accumulators are stored bare.
-    ('table', 'generic'): '''
-      for x in outs:
-        k, val = x
-        acc = table.get(k, MISSING)
-        if acc is MISSING:
-          if len(table) >= max_keys:
-            evict()
-          acc = create_accumulator()
-        table[k] = add_input(acc, val)''',
+    ('table', 'generic'): ('', """
+acc = table.get(k, MISSING)
+if acc is MISSING:
+  if len(table) >= max_keys:
+    evict()
+  acc = create_accumulator()
+table[k] = add_input(acc, val)""", ''),
     # CallableWrapperCombineFn.add_input, inlined.
-    ('table', 'callable'): '''
-      for x in outs:
-        k, val = x
-        acc = table.get(k)
-        if acc is None:
-          if len(table) >= max_keys:
-            evict()
-          acc = table[k] = []
-        acc.append(val)
-        if len(acc) > buffer_size:
-          table[k] = [combine_fn(acc)]''',
+    ('table', 'callable'): ('', """
+acc = table.get(k)
+if acc is None:
+  if len(table) >= max_keys:
+    evict()
+  acc = table[k] = []
+acc.append(val)
+if len(acc) > buffer_size:
+  table[k] = [combine_fn(acc)]""", ''),
     # CountCombineFn.add_input, inlined.
-    ('table', 'count'): '''
-      for x in outs:
-        k, val = x
-        acc = table.get(k)
-        if acc is None:
-          if len(table) >= max_keys:
-            evict()
-          acc = 0
-        table[k] = acc + 1''',
+    ('table', 'count'): ('', """
+acc = table.get(k)
+if acc is None:
+  if len(table) >= max_keys:
+    evict()
+  acc = 0
+table[k] = acc + 1""", ''),
     # MeanCombineFn.add_input, inlined.
-    ('table', 'mean'): '''
-      for x in outs:
-        k, val = x
-        acc = table.get(k)
-        if acc is None:
-          if len(table) >= max_keys:
-            evict()
-          acc = (0, 0)
-        table[k] = (acc[0] + val, acc[1] + 1)''',
+    ('table', 'mean'): ('', """
+acc = table.get(k)
+if acc is None:
+  if len(table) >= max_keys:
+    evict()
+  acc = (0, 0)
+table[k] = (acc[0] + val, acc[1] + 1)""", ''),
     # Shuffle records of (key, value) bytes, packed per reduce partition
     # (worker.shuffle.PartitionPacker, inlined).
-    ('records', ''): '''
-      for x in outs:
-        k, val = x
-        kb = encode_key(k)
-        p = crc32(kb) % partitions
-        out = streams[p]
-        if out is None:
-          out = streams[p] = OutputStream()
-        vb = encode_value(val)
-        out.write_var_int64(len(kb))
-        out.write(kb)
-        out.write_var_int64(len(vb))
-        out.write(vb)
-        if out.size() >= limit:
-          ready.append((p, out.get()))
-          streams[p] = None''',
+    ('records', ''): ('', """
+kb = encode_key(k)
+p = crc32(kb) % partitions
+out = streams[p]
+if out is None:
+  out = streams[p] = OutputStream()
+vb = encode_value(val)
+out.write_var_int64(len(kb))
+out.write(kb)
+out.write_var_int64(len(vb))
+out.write(vb)
+if out.size() >= limit:
+  ready.append((p, out.get()))
+  streams[p] = None""", ''),
     # Encoded windowed elements, in the input element's window.
-    ('encoded', ''): '''
-      out = streams[0]
-      with_value = meta.with_value
-      for x in outs:
-        encode(with_value(x), out, True)
-      if out.size() >= limit:
-        ready.append(out.get())
-        streams[0] = OutputStream()''',
+    ('encoded', ''): ("""
+out = streams[0]
+with_value = meta.with_value""", """
+encode(with_value(x), out, True)""", """
+if out.size() >= limit:
+  ready.append(out.get())
+  streams[0] = OutputStream()"""),
+}
+
+# How a TABLE or RECORDS sink reads an output's key and value: as Beam's
+# precombine and GroupByKey do, ``key, value = element``. A precombine
+# with the default windowing keys a TimestampedValue or WindowedValue by
+# its value alone (PGBKCVOperation.process), so it need not be checked
+# for those first; a shuffle's records must (its windows would count).
+_UNPACK = {
+    'table': """
+try:
+  k, val = x
+except Exception:
+  k, val = unwrap(x)""",
+    'records': """
+k, val = x""",
+    'encoded': '',
 }
 
 
-# An element's outputs held back before they are committed anyway (a
-# FlatMap that fans one element out widely streams, as in the harness).
-SPILL_OUTPUTS = 1024
+def unwrap(x) -> tuple:
+  """A precombine's input that did not unpack: a TimestampedValue or
+  WindowedValue stands for its value; a TaggedOutput goes elsewhere."""
+  if isinstance(x, TaggedOutput):
+    raise SpecialOutput('an output is a TaggedOutput')
+  if isinstance(x, (TimestampedValue, WindowedValue)):
+    x = x.value
+  k, v = x
+  return k, v
 
 
-def _commit(sink: str, combine_kind: str, indent: str) -> list[str]:
-  """The sink's commit of ``outs``, at ``indent``, failing UNCLEAN."""
-  body = _COMMIT[(sink, combine_kind)].strip('\n').split('\n')
-  return ([f'{indent}try:'] + [indent + line[4:] for line in body] + [
+def _block(code: str, indent: str) -> list[str]:
+  return [indent + line for line in code.strip('\n').split('\n') if line]
+
+
+def _commit(sink: str, combine_kind: str, indent: str, outs: bool) -> list[str]:
+  """The sink's commit of the element's outputs (``outs``, else the one
+  output ``x``, already unpacked), failing UNCLEAN."""
+  before, each, after = _COMMIT[(sink, combine_kind)]
+  body = _block(before, indent + '  ')
+  if outs:
+    body += [f'{indent}  for x in outs:']
+    body += _block(_UNPACK[sink], indent + '    ')
+    body += _block(each, indent + '    ')
+  else:
+    body += _block(each, indent + '  ')
+  body += _block(after, indent + '  ')
+  return ([f'{indent}try:'] + body + [
       f'{indent}except Exception as exn:',
       f'{indent}  raise Fallback(UNCLEAN, meta, v, exn)',
       f'{indent}if ready:',
       f'{indent}  yield from ready',
       f'{indent}  ready.clear()',
   ])
+
+
+# An element's outputs held back before they are committed anyway (a
+# FlatMap that fans one element out widely streams, as in the harness).
+SPILL_OUTPUTS = 1024
 
 
 def compile_loop(singles: list[bool], sink: str, combine_kind: str,
@@ -275,14 +307,16 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
 
   An element's outputs are committed once it is done, so that a fallback
   at it leaves nothing of it behind (CLEAN), unless it has more than
-  SPILL_OUTPUTS of them (then UNCLEAN).
+  SPILL_OUTPUTS of them (then UNCLEAN). A chain of Maps has one output an
+  element, committed with no list.
   """
   n = len(singles)
+  one = all(singles)
   namespace = dict(names)
   namespace.update(
       Fallback=Fallback, CLEAN=CLEAN, UNCLEAN=UNCLEAN, SOURCE=SOURCE,
       MISSING=_MISSING, type=type, len=len, Exception=Exception,
-      cap=SPILL_OUTPUTS)
+      cap=SPILL_OUTPUTS, unwrap=unwrap)
   bound = ', '.join(f'{name}={name}' for name in sorted(namespace))
   lines = [f'def run(units, meta, {bound}):']
   # How each ParDo output's count is known: a Map outputs as many as it
@@ -290,7 +324,9 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
   # element's outputs; the others are counted.
   counted = []
   for i in range(n):
-    if all(singles[i + 1:]):
+    if one:
+      counted.append('1')
+    elif all(singles[i + 1:]):
       counted.append('(spilled + len(outs))')
     elif singles[i]:
       counted.append(counted[-1] if i else '1')
@@ -311,8 +347,9 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
     lines.append('      if watch.touched or (type(v) not in plain and '
                  'special_record(v)):')
     lines.append('        raise Fallback(SOURCE, meta, v, None)')
-  lines.append('      outs = []')
-  lines.append('      spilled = 0')
+  if not one:
+    lines.append('      outs = []')
+    lines.append('      spilled = 0')
   if counters:
     lines.append('      ' + ' = '.join(counters) + ' = 0')
   lines.append('      try:')
@@ -326,28 +363,33 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
       lines.append(f'{indent}if r{i} is not None:')
       lines.append(f'{indent}  for {x} in r{i}:')
       indent += '    '
-    lines.append(f'{indent}if type({x}) not in plain:')
-    lines.append(f'{indent}  check({x})')
+    if not (i == n - 1 and sink == TABLE):
+      lines.append(f'{indent}if type({x}) not in plain:')
+      lines.append(f'{indent}  check({x})')
     if counted[i].startswith('c'):
       lines.append(f'{indent}{counted[i]} += 1')
     value = x
-  lines.append(f'{indent}outs.append({value})')
-  lines.append(f'{indent}if len(outs) >= cap:')
-  lines.append(f'{indent}  spilled += len(outs)')
-  lines.extend(_commit(sink, combine_kind, indent + '  '))
-  lines.append(f'{indent}  outs = []')
+  if one:
+    lines.append(f'{indent}x = {value}')
+    lines.extend(_block(_UNPACK[sink], indent))
+  else:
+    lines.append(f'{indent}outs.append({value})')
+    lines.append(f'{indent}if len(outs) >= cap:')
+    lines.append(f'{indent}  spilled += len(outs)')
+    lines.extend(_commit(sink, combine_kind, indent + '  ', outs=True))
+    lines.append(f'{indent}  outs = []')
   lines.append('      except Fallback:')
   lines.append('        raise')
   lines.append('      except Exception as exn:')
-  lines.append('        raise Fallback(UNCLEAN if spilled else CLEAN, meta, v, '
-               'exn)')
+  lines.append('        raise Fallback(%s, meta, v, exn)' %
+               ('CLEAN' if one else 'UNCLEAN if spilled else CLEAN'))
   lines.append('      if watch.touched:')
-  lines.append('        raise Fallback(UNCLEAN if spilled else CLEAN, meta, v, '
-               'None)')
+  lines.append('        raise Fallback(%s, meta, v, None)' %
+               ('CLEAN' if one else 'UNCLEAN if spilled else CLEAN'))
   lines.append('      n0 += 1')
   for i in range(n):
     lines.append(f'      n{i + 1} += {counted[i]}')
-  lines.extend(_commit(sink, combine_kind, '      '))
+  lines.extend(_commit(sink, combine_kind, '      ', outs=not one))
   lines.append('  finally:')
   for i in range(n + 1):
     lines.append(f'    counts[{i}] += n{i}')
