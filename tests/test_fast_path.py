@@ -21,6 +21,7 @@ from apache_beam.io import ReadFromText
 from apache_beam.io.range_trackers import OffsetRangeTracker
 from apache_beam.metrics import Metrics
 from apache_beam.metrics import monitoring_infos as mi
+from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 from apache_beam.transforms import combiners
@@ -39,6 +40,7 @@ from beam_pyspark.worker import shuffle
 from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.fastpath import chain as chains
 from beam_pyspark.worker.runtime import JobRuntime
+from beam_pyspark.worker.state import side_input_entries
 
 from conftest import spark_options
 
@@ -77,8 +79,11 @@ def text(tmp_path_factory):
 
 
 class Planned:
-  """The one fast-path stage of a pipeline, run on either side."""
-  def __init__(self, build, label=None):
+  """The one fast-path stage of a pipeline, run on either side.
+
+  ``sides``: the elements of each side input the stage reads, by tag.
+  """
+  def __init__(self, build, label=None, sides=None):
     p = beam.Pipeline()
     build(p)
     self.plan = plan_pipeline(p.to_runner_api(
@@ -105,9 +110,25 @@ class Planned:
     coder_id = self.stage.output_coders[self.output_id]
     self.grouped = out_buffer.startswith(b'group')
     self.compact = shuffle.is_global_bytes_kv(self.runtime.coder(coder_id))
+    self.sides = []
+    for spec in self.stage.side_inputs:
+      # Encoded as the stage writing the side input's buffer encodes them.
+      (producer, ) = [s for s in self.plan.stages
+                      if spec.buffer_id in s.outputs.values()]
+      (write, ) = [t for t, b in producer.outputs.items()
+                   if b == spec.buffer_id]
+      port = beam_fn_api_pb2.RemoteGrpcPort.FromString(
+          beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+              producer.descriptor).transforms[write].spec.payload)
+      impl = self.runtime.coder_impl(port.coder_id)
+      chunks = elements.encode_stream(
+          impl, [window.GlobalWindows.windowed_value(v)
+                 for v in (sides or {})[spec.tag]])
+      self.sides.append(side_input_entries(self.runtime, spec, chunks))
 
   def harness(self, plan, on_finish):
-    return StageRunner(self.job_id, self.runtime, plan, on_finish=on_finish)
+    return StageRunner(self.job_id, self.runtime, plan,
+                       side_inputs=self.sides, on_finish=on_finish)
 
   def run(self, fast: bool):
     """(sorted output records or elements, element counts, user metrics,
@@ -117,7 +138,7 @@ class Planned:
       if fast:
         group = (3, self.compact) if self.grouped else None
         raw = list(fastpath.FastStage(
-            self.runtime, self.stage, self.spec, group).run(
+            self.runtime, self.stage, self.spec, group, self.sides).run(
                 iter(self.inputs), self.harness, results.append))
       else:
         raw = list(self.harness(self.stage, results.append).run(self.inputs))
@@ -223,7 +244,7 @@ def test_typed_keys_and_materialized_output_are_encoded_as_the_harness_does():
   assert len(materialized.compare()[0]) == 3000
 
 
-def test_ineligible_stages_say_why():
+def test_ineligible_stages_say_why(caplog):
   class Plus(beam.DoFn):
     def process(self, x):
       yield x + 1
@@ -233,39 +254,87 @@ def test_ineligible_stages_say_why():
     build(p)
     plan = plan_pipeline(p.to_runner_api(
         default_environment=environments.EmbeddedPythonEnvironment.default()))
-    runtime = JobRuntime('reasons', plan.components)
-    found = []
-    for stage in plan.stages:
-      spec = planned.examine(stage, runtime.components)
-      if isinstance(spec, str):
-        found.append(spec)
-      else:
-        try:
-          chains.load(spec, runtime.context)
-          found.append('fast')
-        except chains.NotEligible as exn:
-          found.append(str(exn))
-    return ' | '.join(found)
+    caplog.clear()
+    with caplog.at_level('DEBUG', logger='beam_pyspark.worker.fastpath'):
+      fastpath.choose(plan.stages, JobRuntime('reasons', plan.components))
+    return ' | '.join(r.getMessage() for r in caplog.records)
 
   def impulse(p, label='Values'):
     return p | label >> beam.Impulse() | f'{label}/Range' >> beam.FlatMap(
         lambda _: range(3))
 
   assert 'not a plain callable' in reasons(
+      lambda p: p | beam.Impulse() | 'Plus' >> beam.ParDo(Plus())
+      | beam.Reshuffle())
+  # A chain up to the DoFn, the harness after it.
+  assert "up to 'Values/Range', the harness after it ('Plus' runs Plus" in reasons(
       lambda p: impulse(p) | 'Plus' >> beam.ParDo(Plus()) | beam.Reshuffle())
-  assert 'reads side inputs' in reasons(lambda p: impulse(p) | beam.Map(
-      lambda x, s: x, beam.pvalue.AsList(impulse(p, 'Side')))
-                                        | beam.Reshuffle())
+  assert 'reads a multimap side input' in reasons(lambda p: impulse(p) | (
+      beam.Map(lambda x, s: x, beam.pvalue.AsMultiMap(
+          impulse(p, 'Side') | beam.Map(lambda x: (x, x)))))
+                                                  | beam.Reshuffle())
   assert 'default global windowing' in reasons(
-      lambda p: impulse(p) | beam.WindowInto(window.FixedWindows(10))
+      lambda p: p | beam.Create([1]) | beam.WindowInto(window.FixedWindows(10))
       | beam.Map(lambda x: (x, x)) | beam.GroupByKey())
-  assert 'extra arguments' in reasons(
-      lambda p: impulse(p) | beam.Map(lambda x, y: x, 5) | beam.Reshuffle())
   assert 'default arguments' in reasons(
       lambda p: impulse(p) | beam.Map(lambda x, y=1: x) | beam.Reshuffle())
   assert 'of the user\'s own' in reasons(
       lambda p: impulse(p) | beam.Map(lambda x: (x, x))
       | beam.CombinePerKey(lambda vs: sum(vs)))
+
+
+class Tally(beam.DoFn):
+  """A DoFn of the user's own: the harness runs it, after the loop."""
+  def process(self, x):
+    Metrics.counter('fast', 'tallied').inc()
+    if x == 'boom':
+      raise ValueError('tally exploded')
+    yield x, len(x)
+
+
+def join_with(x, names):
+  name = names.get(x % 60)
+  return [] if name is None else [f'{x}:{name}']
+
+
+@pytest.mark.parametrize('view', ['dict', 'list', 'singleton'])
+def test_side_inputs_are_handed_over_as_their_views(view):
+  side = {'dict': [(i, f'n{i}') for i in range(50)],
+          'list': [(i, f'n{i}') for i in range(50)],
+          'singleton': [{i: f'n{i}' for i in range(50)}]}[view]
+  as_view = {'dict': beam.pvalue.AsDict,
+             'list': lambda pc: beam.pvalue.AsList(pc),
+             'singleton': beam.pvalue.AsSingleton}[view]
+  fn = (join_with if view != 'list' else
+        lambda x, names: join_with(x, dict(names)))
+
+  def build(p):
+    names = p | 'Names' >> beam.Impulse() | 'NameList' >> beam.FlatMap(
+        lambda _: [])
+    _ = (p | beam.Impulse() | beam.FlatMap(lambda _: range(300))
+         | 'Join' >> beam.FlatMap(fn, as_view(names))
+         | 'Tally' >> beam.ParDo(Tally()) | beam.GroupByKey())
+
+  stage = Planned(build, label='Join',
+                  sides={'side0': side, 'python_side_input0': side})
+  assert stage.spec.rest_stage is not None and stage.spec.steps[-1].name == (
+      'Join')
+  records, counts, user, error = stage.compare()
+  assert error is None and len(records) == 250
+  assert list(user.values()) == [250]
+
+
+def test_a_users_dofn_after_the_chain_fails_as_in_the_harness():
+  def build(p):
+    _ = (p | beam.Impulse()
+         | beam.FlatMap(lambda _: ['a', 'bb', 'boom', 'ccc'])
+         | 'Upper' >> beam.Map(str.lower) | 'Tally' >> beam.ParDo(Tally())
+         | beam.GroupByKey())
+
+  stage = Planned(build, label='Upper')
+  assert stage.spec.rest_stage is not None
+  error = stage.compare()[3]
+  assert error.startswith("tally exploded [while running 'Tally']")
 
 
 # -- fallbacks ------------------------------------------------------------------
@@ -431,7 +500,7 @@ def test_wordcount_on_spark_on_and_off(text, tmp_path):
       _run_both(build, tmp_path))
   assert on == off and len(on) == 3000
   assert on_counts == off_counts
-  assert any(re.match(r'1 of \d+ fused stages on the fast path', m)
+  assert any(re.match(r'\d of \d+ fused stages on the fast path', m)
              for m in on_messages), on_messages
   assert not any('fast path' in m for m in off_messages)
 
@@ -448,6 +517,27 @@ def test_create_group_and_metrics_on_spark_on_and_off(tmp_path):
   assert on == off and len(on) == 10
   assert on_counts == off_counts
   assert on_user == off_user and list(on_user.values()) == [1900]
+
+
+def test_side_input_join_on_spark_on_and_off(text, tmp_path):
+  # The join runs in the loop, WriteToText's writer in the harness after
+  # it, in the same task.
+  _, kv = text
+
+  def build(p, out):
+    names = p | 'Names' >> beam.Create([(i, f'n{i}') for i in range(50)])
+    _ = (p | ReadFromText(kv) | beam.Map(parse_kv)
+         | beam.FlatMap(lambda kv, names: [f'{kv[0]} {names[kv[1] % 60]}']
+                        if kv[1] % 60 in names else [],
+                        beam.pvalue.AsDict(names))
+         | beam.io.WriteToText(out))
+
+  (on, on_counts, _, on_messages), (off, off_counts, _, _) = _run_both(
+      build, tmp_path)
+  assert on == off and len(on) == 16_670
+  assert on_counts == off_counts
+  assert any(re.match(r'[2-9] of \d+ fused stages on the fast path', m)
+             for m in on_messages), on_messages
 
 
 def test_a_users_error_is_the_same_on_and_off():

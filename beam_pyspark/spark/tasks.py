@@ -294,10 +294,10 @@ class RunStage:
                                         wave.side_watermarks)
       records = streaming.hold_back(runtime, stage, ready, records, held)
     if self.fast is not None and first_attempt():
-      (output_id, _), = stage.outputs.items()
-      group = self.group_outputs.get(output_id)
+      group = self.group_outputs.get(self.fast.output_id)
       outputs = FastStage(
-          runtime, stage, self.fast, group and (group[1], group[2])).run(
+          runtime, stage, self.fast, group and (group[1], group[2]),
+          self.side.value if self.side is not None else ()).run(
               records, stage_runner, report)
     else:
       outputs = stage_runner(stage, report).run(records)

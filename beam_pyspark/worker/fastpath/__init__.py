@@ -3,12 +3,19 @@
 ``planning.fastpath`` chose the stage on its protos; here each task loads
 its functions (``chain.load``), reads its partition (the bounded source's
 splits, or encoded elements) and runs the compiled loop over it. What the
-loop writes is what the harness would: elements encoded with the stage's
-output coder (the shuffle's records for a GroupByKey with the default
-windowing, packed as ``RunStage`` packs the harness's), the precombine's
-accumulators (Beam's own, emitted when the table holds too many keys, as
-``PGBKCVOperation`` does, and at the end), and Beam's element count per
-PCollection.
+loop writes is what the harness would (``sinks``): elements encoded with
+the stage's output coder (the shuffle's records for a GroupByKey with the
+default windowing, packed as ``RunStage`` packs the harness's), the
+precombine's accumulators (Beam's own, emitted when the table holds too
+many keys, as ``PGBKCVOperation`` does, and at the end), and Beam's
+element count per PCollection. Side inputs are read whole from the
+task's state entries and handed to the callables as the plain values
+their views make (a dict for ``AsDict``, a list for ``AsList``...).
+
+A chain that stops short of the stage's output (a transform the loop
+cannot run: a DoFn of the user's own, a sink's writer) hands its last
+PCollection's elements to the harness, which runs the rest of the stage
+in the same task (``FastPath.rest_stage``).
 
 Whatever the loop cannot keep hands the rest of the partition to the
 harness, from the element where it happened: an output that is a
@@ -18,21 +25,21 @@ exception from the user's code (the harness then raises Beam's own
 outputs were held back, so nothing of it was written twice; the loop's
 output before it stands. Two cases cannot go on so:
 
-* the source itself updated a metric or read special values: the whole
-  partition reruns on the harness, if nothing has left the task yet;
-* the combine or an encoder failed while taking an element's outputs in
-  part: the harness reruns the partition (its output dropped) to raise
-  its own error.
-
-Otherwise the task fails, and Spark's retry of it takes the harness
-(``RunStage`` runs the loop in a task's first attempt only).
+* the source itself updated a metric or read special values, or the
+  combine or an encoder failed while taking an element's outputs in part:
+  the whole partition reruns on the harness, if nothing has left the task
+  yet;
+* otherwise a failure reruns the partition on the harness (its output
+  dropped) to raise the harness's own error, and anything else fails the
+  task, and Spark's retry of it takes the harness (``RunStage`` runs the
+  loop in a task's first attempt only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
-import zlib
 from typing import Callable
 from typing import Iterable
 from typing import Iterator
@@ -40,19 +47,22 @@ from typing import Optional
 
 from apache_beam.coders import coders
 from apache_beam.coders.coder_impl import create_InputStream
-from apache_beam.coders.coder_impl import create_OutputStream
 from apache_beam.metrics import monitoring_infos
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.pvalue import SideInputData
 from apache_beam.runners.worker import statesampler
-from apache_beam.transforms.window import GlobalWindows
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_pyspark.planning.fastpath import FastPath
+from beam_pyspark.planning.fastpath import examine
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.worker.bundles import TaskResult
 from beam_pyspark.worker.elements import CHUNK_BYTES
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.fastpath import chain as chains
+from beam_pyspark.worker.fastpath.sinks import Sink
 from beam_pyspark.worker.reads import read_split
 from beam_pyspark.worker.runtime import JobRuntime
 
@@ -61,8 +71,6 @@ _LOGGER = logging.getLogger(__name__)
 # Input kept in memory so that the whole partition can run again on the
 # harness: a read's splits always fit; encoded elements up to this much.
 REPLAY_BYTES = 64 << 20
-
-_GLOBAL = GlobalWindows.windowed_value(None)
 
 # Types checked once: not a WindowedValue, TimestampedValue or TaggedOutput.
 _PLAIN: set = {str, bytes, int, float, bool, tuple, list, dict, type(None)}
@@ -138,85 +146,118 @@ class FastStage:
   """One task's run of a fast-path stage (see the module's docstring).
 
   ``group``: (reduce partitions, compact) when the output feeds a
-  GroupByKey. Yields (output id, chunk) where a chunk is bytes of encoded
-  elements (the caller keys them for a shuffle as it keys the harness's)
-  or, for compact shuffle records written by the loop itself, an already
-  packed (reduce partition, chunk).
+  GroupByKey. ``side_inputs``: the task's side input state entries (a
+  list per side input, as StageRunner takes them).
+  Yields (output id, chunk) where a chunk is bytes of encoded elements
+  (the caller keys them for a shuffle as it keys the harness's) or, for
+  compact shuffle records written by the loop itself, an already packed
+  (reduce partition, chunk).
   """
   def __init__(self, runtime: JobRuntime, stage: StagePlan, spec: FastPath,
-               group: Optional[tuple[int, bool]] = None):
+               group: Optional[tuple[int, bool]] = None,
+               side_inputs: Iterable = ()):
     self.runtime = runtime
     self.stage = stage
     self.spec = spec
     self.group = group
+    self.side_inputs = side_inputs
+    self._emitted = False
+    self._fed = False
+    self._splits = 0
+    self._whole_on_harness = False
+    self._fallback: Optional[chains.Fallback] = None
+    self._sink: Optional[Sink] = None
+    self._loop_counts: list[int] = []
 
   def run(self, records: Iterable, harness: HarnessFactory,
           on_finish: Callable[[TaskResult], None]) -> Iterator:
+    spec = self.spec
     try:
-      chain = chains.load(self.spec, self.runtime.context)
+      chain = chains.load(spec, self.runtime.context)
     except chains.NotEligible as exn:
       _LOGGER.debug('%s runs on the SDK harness: %s', self.stage.name, exn)
       yield from harness(self.stage, on_finish).run(records)
       return
-    output_id = self.spec.output_id
     results: list[TaskResult] = []
     replay = _Replay(records, REPLAY_BYTES)
-    self._emitted = False
-    self._splits = 0
-    self._whole_on_harness = False
     chain.setup()
-    watch = _Watch()
-    saved = statesampler.get_current_tracker()
-    statesampler.set_current_tracker(watch)
     try:
-      fallback = None
-      try:
-        for item in self._loop(chain, watch, replay):
-          self._emitted = True
-          # The tracker is the loop's only while the loop runs.
-          statesampler.set_current_tracker(saved)
-          yield output_id, item
-          statesampler.set_current_tracker(watch)
-      except chains.Fallback as exn:
-        fallback = exn
-      except Exception as exn:  # pylint: disable=broad-except
-        # Reading the input failed (the source, or a decoder).
-        fallback = chains.Fallback(chains.UNCLEAN, None, None, exn)
-      statesampler.set_current_tracker(saved)
+      if spec.rest_stage is not None:
+        # The harness runs the rest of the stage on the loop's output.
+        outputs = harness(spec.rest_stage, results.append).run(
+            self._feed(chain, replay))
+      else:
+        outputs = ((spec.output_id, item)
+                   for item in self._guarded(chain, replay))
+      for item in outputs:
+        self._emitted = True
+        yield item
+      fallback = self._fallback
       if fallback is not None and fallback.kind == chains.CLEAN:
-        _LOGGER.info('%s continues on the SDK harness (%s)', self.stage.name,
-                     _why(fallback))
-        try:
-          for item in self._flush():
-            self._emitted = True
-            yield output_id, item
-        except chains.Fallback as exn:
-          fallback = exn
-        else:
-          yield from harness(self._rest_stage(), results.append).run(
-              self._rest(fallback))
-          fallback = None
-      if fallback is not None:
+        yield from harness(self._rest_stage(), results.append).run(
+            self._rest(fallback))
+      elif fallback is not None:
         yield from self._fall_back(fallback, replay, harness, results)
     finally:
-      statesampler.set_current_tracker(saved)
       chain.teardown()
     infos = [] if self._whole_on_harness else [
         monitoring_infos.int64_counter(
             monitoring_infos.ELEMENT_COUNT_URN, count, pcollection=pcoll)
-        for pcoll, count in zip(self.spec.pcollections(), self._counts())]
+        for pcoll, count in zip(spec.pcollections(), self._counts())]
     for result in results:
       infos.extend(result.monitoring_infos)
     on_finish(
         TaskResult(list(monitoring_infos.consolidate(infos)),
                    sum(r.bundles for r in results)))
 
+  def _feed(self, chain: chains.Chain, replay: _Replay) -> Iterator:
+    """The loop's output as the rest stage's input. Once it has had some,
+    the partition cannot run again whole: the rest stage has run bundles
+    (their side effects, a sink's files, are done)."""
+    for chunk in self._guarded(chain, replay):
+      self._fed = True
+      yield self.spec.input_id, chunk
+
+  def _guarded(self, chain: chains.Chain, replay: _Replay) -> Iterator:
+    """The loop's output; where it falls back, the sink's content (if the
+    fallback is CLEAN), and the fallback kept for ``run``. The thread's
+    metrics tracker is the loop's only while the loop runs."""
+    watch = _Watch()
+    saved = statesampler.get_current_tracker()
+    loop = self._loop(chain, watch, replay)
+    try:
+      while True:
+        statesampler.set_current_tracker(watch)
+        try:
+          item = next(loop)
+        except StopIteration:
+          return
+        finally:
+          statesampler.set_current_tracker(saved)
+        yield item
+    except chains.Fallback as exn:
+      self._fallback = exn
+    except Exception as exn:  # pylint: disable=broad-except
+      # Reading the input failed (the source, a decoder, a side input).
+      self._fallback = chains.Fallback(chains.UNCLEAN, None, None, exn)
+    if self._fallback.kind != chains.CLEAN:
+      return
+    _LOGGER.info('%s continues on the SDK harness (%s)', self.stage.name,
+                 _why(self._fallback))
+    try:
+      yield from self._sink.flush()
+    except chains.Fallback as exn:
+      self._fallback = exn
+
   def _counts(self) -> list[int]:
-    """Elements the loop committed per PCollection (spec.pcollections())."""
+    """Elements the loop committed per PCollection (spec.pcollections());
+    the rest stage counts the boundary's."""
     counts = [self._splits] if self.spec.read_pcoll else []
     counts += self._loop_counts
-    if self._table is not None:
-      counts.append(self._accumulators[0])
+    if self._sink is not None and self._sink.table is not None:
+      counts.append(self._sink.accumulators)
+    if self.spec.rest_stage is not None:
+      counts.pop()
     return counts
 
   # -- the loop -------------------------------------------------------------
@@ -226,24 +267,27 @@ class FastStage:
     runtime = self.runtime
     read = bool(spec.read_pcoll)
     self._loop_counts = [0] * (len(chain.calls) + 1)
-    self._ready = ready = []
-    self._table = None
-    self._accumulators = [0]
-    names = {f'f{i}': fn for i, (fn, _) in enumerate(chain.calls)}
-    names.update(plain=_PLAIN, check=_check, watch=watch,
-                 counts=self._loop_counts, ready=ready,
-                 special_record=_special_record, limit=CHUNK_BYTES,
-                 OutputStream=create_OutputStream)
-    emit = self._sink(names)
-    if chain.combine is not None:
-      sink = chains.TABLE
-      self._table_sink(chain, emit, names)
+    if spec.rest_stage is not None:
+      coder, group = coders.WindowedValueCoder(
+          runtime.coder(spec.boundary_coder_id),
+          runtime.coder(spec.boundary_window_coder_id)), None
     else:
-      sink = chains.RECORDS if self._records else chains.ENCODED
+      coder, group = runtime.coder(spec.output_coder_id), self.group
+    self._sink = sink = Sink(coder, group, chain, CHUNK_BYTES)
+    names = dict(sink.names)
+    names.update(plain=_PLAIN, check=_check, watch=watch,
+                 counts=self._loop_counts, special_record=_special_record)
+    extra = []
+    for i, call in enumerate(chain.calls):
+      names[f'f{i}'] = call.fn
+      args, kwargs = call.with_side_inputs(self._side_values(call))
+      names[f'a{i}'], names[f'k{i}'] = args, kwargs
+      extra.append(', '.join(([f'*a{i}'] if args else []) +
+                             ([f'**k{i}'] if kwargs else [])))
     run = chains.compile_loop(
-        [single for _, single in chain.calls], sink,
-        chain.combine_kind if sink == chains.TABLE else '',
-        windowed=not read, read=read, names=names)
+        [call.single for call in chain.calls], sink.kind,
+        chain.combine_kind if sink.kind == chains.TABLE else '',
+        windowed=not read, read=read, names=names, extra=extra)
     self._elements = elements = _decode(
         runtime.coder_impl(spec.input_coder_id), replay)
     if read:
@@ -254,125 +298,35 @@ class FastStage:
         yield from run(records, meta)
     else:
       yield from run(elements, None)
-    yield from self._flush()
+    yield from sink.flush()
 
-  def _sink(self, names: dict) -> Callable:
-    """Sets up where outputs go; returns ``emit(key, value)`` for the
-    precombine's accumulators."""
-    runtime = self.runtime
-    coder_id = self.spec.output_coder_id
-    ready = self._ready
-    compact = self._compact_coders(runtime.coder(coder_id))
-    self._records = compact is not None
-    if compact is not None:
-      encode_key, encode_value = compact
-      partitions = self.group[0]
-      self._streams = streams = [None] * partitions
-      names.update(encode_key=encode_key, encode_value=encode_value,
-                   crc32=zlib.crc32, partitions=partitions, streams=streams)
-
-      def emit(key, value):
-        kb = encode_key(key)
-        vb = encode_value(value)
-        p = zlib.crc32(kb) % partitions
-        out = streams[p]
-        if out is None:
-          out = streams[p] = create_OutputStream()
-        out.write_var_int64(len(kb))
-        out.write(kb)
-        out.write_var_int64(len(vb))
-        out.write(vb)
-        if out.size() >= CHUNK_BYTES:
-          ready.append((p, out.get()))
-          streams[p] = None
-
-      return emit
-    impl = runtime.coder_impl(coder_id)
-    encode = impl.encode_to_stream
-    self._streams = streams = [create_OutputStream()]
-    names.update(encode=encode, streams=streams)
-
-    def emit(key, value):
-      out = streams[0]
-      encode(_GLOBAL.with_value((key, value)), out, True)
-      if out.size() >= CHUNK_BYTES:
-        ready.append(out.get())
-        streams[0] = create_OutputStream()
-
-    return emit
-
-  def _table_sink(self, chain: chains.Chain, emit: Callable,
-                  names: dict) -> None:
-    """The precombine's table, emptied as PGBKCVOperation empties it."""
-    combine = chain.combine
-    self._table = table = {}
-    compact = _compact_of(combine)
-    accumulators = self._accumulators
-
-    def output(key, acc):
-      emit(key, acc if compact is None else compact(acc))
-      accumulators[0] += 1
-
-    def evict():
-      # PGBKCVOperation.add_key_value: the oldest keys leave, down to 90%.
-      target = len(table) * 9 // 10
-      old = []
-      for key, acc in table.items():
-        old.append(key)
-        output(key, acc)
-        if len(table) - len(old) <= target:
-          break
-      for key in old:
-        del table[key]
-
-    self._output = output
-    names.update(
-        table=table, max_keys=chain.max_keys, evict=evict,
-        create_accumulator=combine.create_accumulator,
-        add_input=combine.add_input,
-        buffer_size=getattr(combine, '_buffer_size', 0),
-        combine_fn=getattr(combine, '_fn', None))
-
-  def _flush(self) -> Iterator:
-    """The table's accumulators, then whatever the streams hold."""
-    table = self._table
-    if table is not None:
-      output = self._output
-      try:
-        for key, acc in table.items():
-          output(key, acc)
-      except Exception as exn:  # pylint: disable=broad-except
-        raise chains.Fallback(chains.UNCLEAN, None, None, exn) from exn
-      table.clear()
-    yield from self._ready
-    self._ready.clear()
-    streams = self._streams
-    for p, out in enumerate(streams):
-      if out is not None and out.size():
-        yield (p, out.get()) if self._records else out.get()
-    streams[:] = [None] * len(streams)
-
-  def _compact_coders(self, coder):
-    """(encode key, encode value) for the shuffle's records of a compact
-    group (worker.shuffle.kv_value_records reads the same from the
-    encoded element), or None."""
-    if self.group is None or not self.group[1]:
-      return None
-    if type(coder) is not coders.WindowedValueCoder:  # pylint: disable=unidiomatic-typecheck
-      return None
-    kv = coder.wrapped_value_coder
-    if type(kv) is not coders.TupleCoder or len(kv.coders()) != 2:  # pylint: disable=unidiomatic-typecheck
-      return None
-    key, value = kv.coders()
-    if type(key) is coders.LengthPrefixCoder:  # pylint: disable=unidiomatic-typecheck
-      encode_key = key.value_coder().get_impl().encode
-    elif type(key) is coders.BytesCoder:  # pylint: disable=unidiomatic-typecheck
-      encode_key = key.get_impl().encode
-    else:
-      return None
-    if type(value) not in (coders.LengthPrefixCoder, coders.BytesCoder):
-      return None
-    return encode_key, value.get_impl().encode_nested
+  def _side_values(self, call: chains.Call) -> list:
+    """The call's side inputs as their views make them, from every element
+    the task's state entries hold for them (the global window's)."""
+    values = []
+    for side in call.side_inputs:
+      step = next(s for s in self.spec.steps
+                  if side in s.side_inputs)
+      data = []
+      for key, value in itertools.chain.from_iterable(self.side_inputs):
+        state_key = beam_fn_api_pb2.StateKey.FromString(key)
+        iterable = state_key.iterable_side_input
+        if (state_key.WhichOneof('type') == 'iterable_side_input' and
+            iterable.transform_id == step.transform_id and
+            iterable.side_input_id == side.tag):
+          data.append(value)
+      impl = self.runtime.coder_impl(
+          self.runtime.components.pcollections[side.pcoll].coder_id)
+      elements = []
+      for chunk in data:
+        stream = create_InputStream(chunk)
+        while stream.size() > 0:
+          elements.append(impl.decode_from_stream(stream, True))
+      view = SideInputData.from_runner_api(
+          beam_runner_api_pb2.SideInput.FromString(side.payload),
+          self.runtime.context)
+      values.append(view.view_fn(elements))
+    return values
 
   # -- falling back ---------------------------------------------------------
 
@@ -383,9 +337,10 @@ class FastStage:
     cause = fallback.cause
     why = _why(fallback)
     again = replay.again()
-    if not self._emitted and again is not None:
+    if not (self._emitted or self._fed) and again is not None:
       _LOGGER.info('%s runs on the SDK harness (%s)', stage.name, why)
       self._whole_on_harness = True
+      results.clear()  # (a rest stage's run, fed nothing)
       yield from harness(stage, results.append).run(again)
       return
     if cause is None:
@@ -448,14 +403,6 @@ def _why(fallback: chains.Fallback) -> str:
   return 'a metric was updated'
 
 
-def _compact_of(combine) -> Optional[Callable]:
-  """The CombineFn's compact, if it overrides Beam's (PGBKCVOperation)."""
-  from apache_beam.transforms import core
-  if type(combine).compact is core.CombineFn.compact:
-    return None
-  return combine.compact
-
-
 def _as_windowed(meta: WindowedValue, value) -> WindowedValue:
   """A record as the reading transform emits it (worker.reads)."""
   if isinstance(value, WindowedValue):
@@ -477,19 +424,23 @@ def choose(stages: Iterable[StagePlan], runtime: JobRuntime
            ) -> tuple[dict[str, FastPath], str]:
   """The stages that take the fast path (name -> chain), and a line for
   the job's messages that counts them. Each stage's reason for taking the
-  harness is logged at DEBUG."""
-  from beam_pyspark.planning.fastpath import examine  # pylint: disable=import-outside-toplevel
+  harness, or for handing it the rest of the stage, is logged at DEBUG."""
   chosen, candidates = {}, 0
   for stage in stages:
     if stage.kind != 'sdk':
       continue
     candidates += 1
     spec = examine(stage, runtime.components)
-    if not isinstance(spec, str):
+    while not isinstance(spec, str):
       try:
         chains.load(spec, runtime.context)
-      except chains.NotEligible as exn:
-        spec = str(exn)
+        break
+      except chains.NotEligibleStep as exn:
+        # The loop runs the steps before it; the harness the rest.
+        spec = (examine(stage, runtime.components, max_steps=exn.index)
+                if exn.index else str(exn))
+        if not isinstance(spec, str):
+          spec = dataclasses.replace(spec, rest_why=str(exn))
       except Exception as exn:  # pylint: disable=broad-except
         # The job's own modules may be importable only on executors.
         spec = (f'its functions could not be unpickled on the driver '
@@ -497,7 +448,10 @@ def choose(stages: Iterable[StagePlan], runtime: JobRuntime
     if isinstance(spec, str):
       _LOGGER.debug('Stage %s runs on the SDK harness: %s', stage.name, spec)
     else:
-      _LOGGER.debug('Stage %s runs on the fast path', stage.name)
+      _LOGGER.debug(
+          'Stage %s runs on the fast path%s', stage.name,
+          f' up to {spec.steps[-1].name!r}, the harness after it '
+          f'({spec.rest_why})' if spec.rest_stage is not None else '')
       chosen[stage.name] = spec
   return chosen, (f'{len(chosen)} of {candidates} fused stages on the fast '
                   'path (plain loops without the SDK harness; '

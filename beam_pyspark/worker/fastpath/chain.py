@@ -25,9 +25,12 @@ from typing import Callable
 from typing import Optional
 
 from apache_beam.internal import pickler
+from apache_beam.internal.util import ArgumentPlaceholder
+from apache_beam.internal.util import insert_values_in_args
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners.common import DoFnSignature
+from apache_beam.transforms import sideinputs
 from apache_beam.transforms import combiners
 from apache_beam.transforms import core
 from apache_beam.transforms.window import TimestampedValue
@@ -58,16 +61,35 @@ def _code_key(code) -> tuple:
           code.co_freevars, code.co_filename, code.co_firstlineno)
 
 
-# ``beam.Map``'s wrapper, ``lambda x: [fn(x)]``, as its code reads: a
-# pickled lambda comes back with a code object of its own.
-_MAP_CODE = _code_key(core.Map(len).fn._fn.__code__)  # pylint: disable=protected-access
+# ``beam.Map``'s wrappers, ``lambda x: [fn(x)]`` and, with arguments,
+# ``lambda x, *args, **kwargs: [fn(x, *args, **kwargs)]``, as their code
+# reads: a pickled lambda comes back with a code object of its own.
+_MAP_CODES = frozenset(
+    _code_key(m.fn._fn.__code__)  # pylint: disable=protected-access
+    for m in (core.Map(len), core.Map(lambda x, y: x, None)))
+
+
+@dataclasses.dataclass
+class Call:
+  """How the loop calls one ParDo's function: ``fn(element, *args,
+  **kwargs)``, the side inputs' values put in the placeholders of
+  ``args`` and ``kwargs`` (``with_side_inputs``)."""
+  fn: Callable
+  single: bool  # Map's wrapper unwrapped: one output, not an iterable
+  args: tuple = ()
+  kwargs: Optional[dict] = None
+  side_inputs: tuple = ()  # planning.fastpath.SideInput, in Beam's order
+
+  def with_side_inputs(self, values: list) -> tuple[tuple, dict]:
+    if not self.side_inputs:
+      return tuple(self.args), dict(self.kwargs or {})
+    args, kwargs = insert_values_in_args(self.args, self.kwargs or {}, values)
+    return tuple(args), kwargs
 
 
 @dataclasses.dataclass
 class Chain:
-  # Per ParDo: the function to call, and whether it returns one output
-  # (Map's wrapper unwrapped) rather than an iterable of them.
-  calls: list[tuple[Callable, bool]]
+  calls: list[Call]
   combine: Optional[core.CombineFn] = None
   # How add_input is written into the loop: 'callable', 'count', 'mean'
   # or 'generic' (a call).
@@ -83,29 +105,42 @@ class Chain:
       self.combine.teardown()
 
 
+class NotEligibleStep(NotEligible):
+  """Step ``index`` of the chain is not one the fast path runs."""
+  def __init__(self, index: int, reason: str):
+    super().__init__(reason)
+    self.index = index
+
+
 def load(spec: FastPath, context) -> Chain:
-  """The chain's functions; raises NotEligible saying which step is not
-  a plain callable or one of Beam's combines."""
+  """The chain's functions; raises NotEligibleStep saying which step is
+  not a plain callable or one of Beam's combines."""
   chain = Chain(calls=[])
-  for step in spec.steps:
-    if step.kind == PARDO:
-      chain.calls.append(_callable(step.name, pickler.loads(step.payload)))
-    else:
-      payload = beam_runner_api_pb2.CombinePayload.FromString(step.payload)
-      fn = core.CombineFn.from_runner_api(payload.combine_fn, context)
-      chain.combine, chain.combine_kind, chain.max_keys = _combine(
-          step.name, fn)
+  for index, step in enumerate(spec.steps):
+    try:
+      if step.kind == PARDO:
+        chain.calls.append(_callable(step, pickler.loads(step.payload)))
+      else:
+        payload = beam_runner_api_pb2.CombinePayload.FromString(step.payload)
+        fn = core.CombineFn.from_runner_api(payload.combine_fn, context)
+        chain.combine, chain.combine_kind, chain.max_keys = _combine(
+            step.name, fn)
+    except NotEligible as exn:
+      raise NotEligibleStep(index, str(exn)) from None
   return chain
 
 
-def _callable(name: str, dofn_data) -> tuple[Callable, bool]:
+def _callable(step, dofn_data) -> Call:
+  name = step.name
   dofn, args, kwargs = dofn_data[:3]
-  side = dofn_data[3] if len(dofn_data) > 3 else None
   if type(dofn) is not core.CallableWrapperDoFn:  # pylint: disable=unidiomatic-typecheck
     raise NotEligible(f'{name!r} runs {type(dofn).__name__}, not a plain '
                       'callable')
-  if args or kwargs or side:
-    raise NotEligible(f'{name!r} passes extra arguments to its callable')
+  placeholders = sum(
+      isinstance(a, ArgumentPlaceholder)
+      for a in list(args) + list((kwargs or {}).values()))
+  if placeholders != len(step.side_inputs):
+    raise NotEligible(f'{name!r} passes its side inputs in another way')
   if getattr(dofn, '_runtime_output_constraints', None):
     raise NotEligible(f'{name!r} checks its output types at run time')
   signature = DoFnSignature(dofn)
@@ -114,10 +149,15 @@ def _callable(name: str, dofn_data) -> tuple[Callable, bool]:
     raise NotEligible(f'{name!r} has default arguments')
   fn = dofn._fn  # pylint: disable=protected-access
   code = getattr(fn, '__code__', None)
-  if (code is not None and fn.__closure__ and
-      _code_key(code) == _MAP_CODE):
-    return fn.__closure__[0].cell_contents, True
-  return signature.process_method.method_value, False
+  single = (code is not None and fn.__closure__ and
+            _code_key(code) in _MAP_CODES)
+  return Call(
+      fn=fn.__closure__[0].cell_contents if single else
+      signature.process_method.method_value,
+      single=bool(single), args=tuple(args or ()), kwargs=dict(kwargs or {}),
+      side_inputs=tuple(
+          sorted(step.side_inputs,
+                 key=lambda si: sideinputs.get_sideinput_index(si.tag))))
 
 
 def _combine(name: str, fn: core.CombineFn) -> tuple[core.CombineFn, str, int]:
@@ -294,7 +334,8 @@ SPILL_OUTPUTS = 1024
 
 
 def compile_loop(singles: list[bool], sink: str, combine_kind: str,
-                 windowed: bool, read: bool, names: dict) -> Callable:
+                 windowed: bool, read: bool, names: dict,
+                 extra: Optional[list[str]] = None) -> Callable:
   """A generator function ``run(units, meta)`` for a chain of ParDos.
 
   ``units`` are the values fed to the first ParDo (with ``windowed``, the
@@ -303,7 +344,8 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
   Committed element counts are added to ``counts`` (the units', then one
   per ParDo's output); chunks ready to leave are yielded. ``names`` gives
   the loop its functions and state (the sink's table or streams); they
-  become the function's locals.
+  become the function's locals. ``extra[i]``: what follows the element in
+  the call of ParDo i (e.g. ``*a0``), if anything.
 
   An element's outputs are committed once it is done, so that a fallback
   at it leaves nothing of it behind (CLEAN), unless it has more than
@@ -356,10 +398,12 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
   indent, value = '        ', 'v'
   for i, single in enumerate(singles):
     x = f'x{i}'
+    more = (extra or [''] * n)[i]
+    call = f'f{i}({value}, {more})' if more else f'f{i}({value})'
     if single:
-      lines.append(f'{indent}{x} = f{i}({value})')
+      lines.append(f'{indent}{x} = {call}')
     else:
-      lines.append(f'{indent}r{i} = f{i}({value})')
+      lines.append(f'{indent}r{i} = {call}')
       lines.append(f'{indent}if r{i} is not None:')
       lines.append(f'{indent}  for {x} in r{i}:')
       indent += '    '
