@@ -9,7 +9,9 @@ receivers, DoFn runners, windowed values), not to the user's functions
     -> a lifted combine's precombine, or nothing more
     -> one data output (a GroupByKey's shuffle, or a materialized buffer)
 
-needs none of it: ``worker.fastpath`` runs that chain as one loop over the
+(``WindowInto(GlobalWindows())`` passed through, and Beam's own file
+writer as the loop's sink: ``worker.fastpath.sinks.Writer``) needs none
+of it: ``worker.fastpath`` runs that chain as one loop over the
 partition that calls the callables and the combine's ``add_input``, and
 writes the same encoded elements, shuffle records and element counts as
 the harness. A chain that stops short of the stage's output, at a
@@ -56,8 +58,12 @@ PAR_DO_URN = common_urns.primitives.PAR_DO.urn
 PRECOMBINE_URN = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
 WINDOWED_VALUE_CODER_URN = common_urns.coders.WINDOWED_VALUE.urn
 
+WINDOW_INTO_URN = common_urns.primitives.ASSIGN_WINDOWS.urn
+GLOBAL_WINDOWS_URN = common_urns.global_windows.urn
+
 PARDO = 'pardo'
 PRECOMBINE = 'precombine'
+GLOBAL_WINDOW = 'global_window'  # WindowInto(GlobalWindows()) in global
 # Name the records stage (FastPath.records_stage), the rest stage
 # (FastPath.rest_stage) and their inputs' coders.
 RECORDS_SUFFIX = '/records'
@@ -78,8 +84,9 @@ class Step:
   """One transform of the chain."""
   transform_id: str
   name: str  # the transform's unique name, as errors and metrics name it
-  kind: str  # PARDO or PRECOMBINE
-  payload: bytes  # the pickled DoFnInfo, or the CombinePayload
+  kind: str  # PARDO, PRECOMBINE or GLOBAL_WINDOW
+  payload: bytes  # the pickled DoFnInfo, the CombinePayload, or the
+                  # WindowingStrategy
   output_pcoll: str
   side_inputs: tuple[SideInput, ...] = ()
 
@@ -186,7 +193,8 @@ def examine(stage: StagePlan, components: beam_runner_api_pb2.Components,
       why = f'{t.unique_name!r} is not a plain callable'
     if why:
       break
-    kind = PRECOMBINE if t.spec.urn == PRECOMBINE_URN else PARDO
+    kind = {PRECOMBINE_URN: PRECOMBINE, WINDOW_INTO_URN: GLOBAL_WINDOW}.get(
+        t.spec.urn, PARDO)
     payload = t.spec.payload
     side_inputs = ()
     if kind == PARDO:
@@ -268,6 +276,14 @@ def _why_not(t: beam_runner_api_pb2.PTransform, consumers, transforms,
     combine = beam_runner_api_pb2.CombinePayload.FromString(t.spec.payload)
     if combine.combine_fn.urn != python_urns.PICKLED_COMBINE_FN:
       return f'the combine {name} is not a pickled Python CombineFn'
+    return ''
+  if t.spec.urn == WINDOW_INTO_URN:
+    # Into the global window from the global window: the element as it is
+    # but for its pane (the loop checks its input's is the default one).
+    ws = beam_runner_api_pb2.WindowingStrategy.FromString(t.spec.payload)
+    if ws.window_fn.urn != GLOBAL_WINDOWS_URN or not _global(
+        components, _only(t.inputs)):
+      return f'{name} assigns windows other than the global one'
     return ''
   if t.spec.urn != PAR_DO_URN:
     return f'{name} is a {t.spec.urn} transform'

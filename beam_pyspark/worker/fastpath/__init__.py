@@ -12,10 +12,12 @@ element count per PCollection. Side inputs are read whole from the
 task's state entries and handed to the callables as the plain values
 their views make (a dict for ``AsDict``, a list for ``AsList``...).
 
-A chain that stops short of the stage's output (a transform the loop
-cannot run: a DoFn of the user's own, a sink's writer) hands its last
-PCollection's elements to the harness, which runs the rest of the stage
-in the same task (``FastPath.rest_stage``).
+Beam's own file writer (``WriteToText``'s ``WriteBundles``) is run as the
+loop's sink, a task being its bundle (``sinks.Writer``). A chain that
+stops short of the stage's output (a transform the loop cannot run: a
+DoFn of the user's own) hands its last PCollection's elements to the
+harness, which runs the rest of the stage in the same task
+(``FastPath.rest_stage``).
 
 Whatever the loop cannot keep hands the rest of the partition to the
 harness, from the element where it happened: an output that is a
@@ -63,6 +65,7 @@ from beam_pyspark.worker.elements import CHUNK_BYTES
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.fastpath import chain as chains
 from beam_pyspark.worker.fastpath.sinks import Sink
+from beam_pyspark.worker.fastpath.sinks import Writer
 from beam_pyspark.worker.reads import read_split
 from beam_pyspark.worker.runtime import JobRuntime
 
@@ -167,6 +170,7 @@ class FastStage:
     self._whole_on_harness = False
     self._fallback: Optional[chains.Fallback] = None
     self._sink: Optional[Sink] = None
+    self._writer: Optional[Writer] = None
     self._loop_counts: list[int] = []
 
   def run(self, records: Iterable, harness: HarnessFactory,
@@ -240,20 +244,30 @@ class FastStage:
     except Exception as exn:  # pylint: disable=broad-except
       # Reading the input failed (the source, a decoder, a side input).
       self._fallback = chains.Fallback(chains.UNCLEAN, None, None, exn)
-    if self._fallback.kind != chains.CLEAN:
-      return
-    _LOGGER.info('%s continues on the SDK harness (%s)', self.stage.name,
-                 _why(self._fallback))
-    try:
-      yield from self._sink.flush()
-    except chains.Fallback as exn:
-      self._fallback = exn
+    if self._fallback.kind == chains.CLEAN:
+      _LOGGER.info('%s continues on the SDK harness (%s)', self.stage.name,
+                   _why(self._fallback))
+      try:
+        yield from self._end()
+        return
+      except chains.Fallback as exn:
+        self._fallback = exn
+    if self._writer is not None:
+      # Its file is not output: the harness writes the partition again,
+      # or the task fails.
+      try:
+        self._writer.abandon()
+      except Exception:  # pylint: disable=broad-except
+        _LOGGER.debug('Closing an abandoned file writer failed',
+                      exc_info=True)
 
   def _counts(self) -> list[int]:
     """Elements the loop committed per PCollection (spec.pcollections());
     the rest stage counts the boundary's."""
     counts = [self._splits] if self.spec.read_pcoll else []
     counts += self._loop_counts
+    if self._writer is not None:
+      counts += self._writer.counts
     if self._sink is not None and self._sink.table is not None:
       counts.append(self._sink.accumulators)
     if self.spec.rest_stage is not None:
@@ -266,7 +280,6 @@ class FastStage:
     spec = self.spec
     runtime = self.runtime
     read = bool(spec.read_pcoll)
-    self._loop_counts = [0] * (len(chain.calls) + 1)
     if spec.rest_stage is not None:
       coder, group = coders.WindowedValueCoder(
           runtime.coder(spec.boundary_coder_id),
@@ -274,20 +287,31 @@ class FastStage:
     else:
       coder, group = runtime.coder(spec.output_coder_id), self.group
     self._sink = sink = Sink(coder, group, chain, CHUNK_BYTES)
-    names = dict(sink.names)
+    calls, kind, names = chain.calls, sink.kind, dict(sink.names)
+    at = next((i for i, c in enumerate(calls) if c.writer is not None), None)
+    if at is not None:
+      # A file writer takes the elements; what it outputs goes on through
+      # the calls after it.
+      writer_call, calls = calls[at], calls[:at]
+      init_result, = self._side_values(writer_call)
+      self._writer = Writer(writer_call, init_result, chain.calls[at + 1:],
+                            sink)
+      kind, names = chains.WRITE, dict(self._writer.names)
+    self._loop_counts = [0] * (len(calls) + 1)
     names.update(plain=_PLAIN, check=_check, watch=watch,
                  counts=self._loop_counts, special_record=_special_record)
     extra = []
-    for i, call in enumerate(chain.calls):
+    for i, call in enumerate(calls):
       names[f'f{i}'] = call.fn
       args, kwargs = call.with_side_inputs(self._side_values(call))
       names[f'a{i}'], names[f'k{i}'] = args, kwargs
       extra.append(', '.join(([f'*a{i}'] if args else []) +
                              ([f'**k{i}'] if kwargs else [])))
     run = chains.compile_loop(
-        [call.single for call in chain.calls], sink.kind,
-        chain.combine_kind if sink.kind == chains.TABLE else '',
-        windowed=not read, read=read, names=names, extra=extra)
+        [call.single for call in calls], kind,
+        chain.combine_kind if kind == chains.TABLE else '',
+        windowed=not read, read=read, names=names, extra=extra,
+        identity=[call.identity for call in calls])
     self._elements = elements = _decode(
         runtime.coder_impl(spec.input_coder_id), replay)
     if read:
@@ -298,7 +322,17 @@ class FastStage:
         yield from run(records, meta)
     else:
       yield from run(elements, None)
-    yield from sink.flush()
+    yield from self._end()
+
+  def _end(self) -> Iterator:
+    """The bundle's end: the file writer's last file, then the sink's
+    table and streams (an UNCLEAN Fallback if that fails)."""
+    if self._writer is not None:
+      try:
+        self._writer.finish()
+      except Exception as exn:  # pylint: disable=broad-except
+        raise chains.Fallback(chains.UNCLEAN, None, None, exn) from exn
+    yield from self._sink.flush()
 
   def _side_values(self, call: chains.Call) -> list:
     """The call's side inputs as their views make them, from every element

@@ -25,6 +25,7 @@ from typing import Callable
 from typing import Optional
 
 from apache_beam.internal import pickler
+from apache_beam.io import iobase
 from apache_beam.internal.util import ArgumentPlaceholder
 from apache_beam.internal.util import insert_values_in_args
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -34,8 +35,10 @@ from apache_beam.transforms import sideinputs
 from apache_beam.transforms import combiners
 from apache_beam.transforms import core
 from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_pyspark.planning.fastpath import GLOBAL_WINDOW
 from beam_pyspark.planning.fastpath import PARDO
 from beam_pyspark.planning.fastpath import FastPath
 
@@ -74,11 +77,15 @@ class Call:
   """How the loop calls one ParDo's function: ``fn(element, *args,
   **kwargs)``, the side inputs' values put in the placeholders of
   ``args`` and ``kwargs`` (``with_side_inputs``)."""
-  fn: Callable
+  fn: Optional[Callable]
   single: bool  # Map's wrapper unwrapped: one output, not an iterable
   args: tuple = ()
   kwargs: Optional[dict] = None
   side_inputs: tuple = ()  # planning.fastpath.SideInput, in Beam's order
+  # WindowInto(GlobalWindows()) over the global window: no call at all.
+  identity: bool = False
+  # Beam's own file writer (iobase._WriteBundleDoFn): the loop's sink.
+  writer: Optional[core.DoFn] = None
 
   def with_side_inputs(self, values: list) -> tuple[tuple, dict]:
     if not self.side_inputs:
@@ -118,8 +125,15 @@ def load(spec: FastPath, context) -> Chain:
   chain = Chain(calls=[])
   for index, step in enumerate(spec.steps):
     try:
-      if step.kind == PARDO:
+      if step.kind == GLOBAL_WINDOW:
+        chain.calls.append(Call(fn=None, single=True, identity=True))
+      elif step.kind == PARDO:
         chain.calls.append(_callable(step, pickler.loads(step.payload)))
+        writers = [c for c in chain.calls if c.writer is not None]
+        if writers and not (
+            chain.calls[-1].writer is not None or chain.calls[-1].single and
+            not chain.calls[-1].side_inputs):
+          raise NotEligible(f'{step.name!r} comes after a file writer')
       else:
         payload = beam_runner_api_pb2.CombinePayload.FromString(step.payload)
         fn = core.CombineFn.from_runner_api(payload.combine_fn, context)
@@ -133,6 +147,14 @@ def load(spec: FastPath, context) -> Chain:
 def _callable(step, dofn_data) -> Call:
   name = step.name
   dofn, args, kwargs = dofn_data[:3]
+  if type(dofn) is iobase._WriteBundleDoFn and len(step.side_inputs) == 1 and (  # pylint: disable=protected-access,unidiomatic-typecheck
+      len(args) == 1 and isinstance(args[0], ArgumentPlaceholder) and
+      not kwargs):
+    # WriteToText's (and every file sink's) writer, Beam's own DoFn: the
+    # loop opens it at the first element and closes it at the end, as its
+    # start_bundle, process and finish_bundle do in a bundle.
+    return Call(fn=None, single=True, args=tuple(args),
+                side_inputs=tuple(step.side_inputs), writer=dofn)
   if type(dofn) is not core.CallableWrapperDoFn:  # pylint: disable=unidiomatic-typecheck
     raise NotEligible(f'{name!r} runs {type(dofn).__name__}, not a plain '
                       'callable')
@@ -208,7 +230,7 @@ class Fallback(Exception):
 
 
 # Sinks: where each element's outputs are committed.
-TABLE, RECORDS, ENCODED = 'table', 'records', 'encoded'
+TABLE, RECORDS, ENCODED, WRITE = 'table', 'records', 'encoded', 'write'
 
 # Per sink: (code before the outputs, code per output ``x``, code after),
 # at no indentation; TABLE and RECORDS code reads the output's key and
@@ -265,6 +287,9 @@ out.write(vb)
 if out.size() >= limit:
   ready.append((p, out.get()))
   streams[p] = None""", ''),
+    # A file sink's writer (sinks.Writer): the output's element written.
+    ('write', ''): ('', """
+write(x, meta)""", ''),
     # Encoded windowed elements, in the input element's window.
     ('encoded', ''): ("""
 out = streams[0]
@@ -289,6 +314,7 @@ except Exception:
     'records': """
 k, val = x""",
     'encoded': '',
+    'write': '',
 }
 
 
@@ -335,7 +361,8 @@ SPILL_OUTPUTS = 1024
 
 def compile_loop(singles: list[bool], sink: str, combine_kind: str,
                  windowed: bool, read: bool, names: dict,
-                 extra: Optional[list[str]] = None) -> Callable:
+                 extra: Optional[list[str]] = None,
+                 identity: Optional[list[bool]] = None) -> Callable:
   """A generator function ``run(units, meta)`` for a chain of ParDos.
 
   ``units`` are the values fed to the first ParDo (with ``windowed``, the
@@ -345,7 +372,9 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
   per ParDo's output); chunks ready to leave are yielded. ``names`` gives
   the loop its functions and state (the sink's table or streams); they
   become the function's locals. ``extra[i]``: what follows the element in
-  the call of ParDo i (e.g. ``*a0``), if anything.
+  the call of ParDo i (e.g. ``*a0``), if anything; ``identity[i]``: step i
+  is WindowInto(GlobalWindows()), the element as it is if its pane is the
+  default one (checked per element of a windowed input).
 
   An element's outputs are committed once it is done, so that a fallback
   at it leaves nothing of it behind (CLEAN), unless it has more than
@@ -358,7 +387,7 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
   namespace.update(
       Fallback=Fallback, CLEAN=CLEAN, UNCLEAN=UNCLEAN, SOURCE=SOURCE,
       MISSING=_MISSING, type=type, len=len, Exception=Exception,
-      cap=SPILL_OUTPUTS, unwrap=unwrap)
+      cap=SPILL_OUTPUTS, unwrap=unwrap, DEFAULT_PANE=PANE_INFO_UNKNOWN)
   bound = ', '.join(f'{name}={name}' for name in sorted(namespace))
   lines = [f'def run(units, meta, {bound}):']
   # How each ParDo output's count is known: a Map outputs as many as it
@@ -383,6 +412,9 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
     lines.append('      v = meta.value')
   else:
     lines.append('    for v in units:')
+  if windowed and identity and any(identity):
+    lines.append('      if meta.pane_info != DEFAULT_PANE:')
+    lines.append('        raise Fallback(CLEAN, meta, v, None)')
   if read:
     # The source's own doing: a metric update, or a record that is not a
     # plain value (worker.reads re-stamps those).
@@ -400,6 +432,10 @@ def compile_loop(singles: list[bool], sink: str, combine_kind: str,
     x = f'x{i}'
     more = (extra or [''] * n)[i]
     call = f'f{i}({value}, {more})' if more else f'f{i}({value})'
+    if identity and identity[i]:
+      lines.append(f'{indent}{x} = {value}')
+      value = x
+      continue
     if single:
       lines.append(f'{indent}{x} = {call}')
     else:

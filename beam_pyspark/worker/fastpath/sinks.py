@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import uuid
 import zlib
 from typing import Iterator
 from typing import Optional
@@ -125,6 +126,18 @@ class Sink:
         buffer_size=getattr(combine, '_buffer_size', 0),
         combine_fn=getattr(combine, '_fn', None))
 
+  def put(self, value, meta) -> None:
+    """One element, outside the loop (a file writer's result)."""
+    if self.records:
+      k, v = value
+      self._emit(k, v)
+    else:
+      out = self.streams[0]
+      self.names['encode'](meta.with_value(value), out, True)
+      if out.size() >= self.names['limit']:
+        self.ready.append(out.get())
+        self.streams[0] = create_OutputStream()
+
   def flush(self) -> Iterator:
     """The table's accumulators, then whatever the streams hold: raises
     an UNCLEAN Fallback if the combine or an encoder fails."""
@@ -175,3 +188,55 @@ def compact_of(combine):
   if type(combine).compact is core.CombineFn.compact:
     return None
   return combine.compact
+
+
+class Writer:
+  """Beam's file writer (``iobase._WriteBundleDoFn``, with its one side
+  input, the sink's initialization result) as the loop's sink, a task
+  being its bundle: opened at the first element, written, closed when at
+  capacity and at the end, as its ``process`` and ``finish_bundle`` do.
+  What it outputs (a written file's result) goes through the chain's
+  ``tail`` (Maps: WriteToText's ``Pair``) to ``out``. ``counts``: its
+  outputs, then each tail step's."""
+  def __init__(self, call: chains.Call, init_result, tail: list,
+               out: Sink):
+    self.dofn = call.writer
+    self.init_result = init_result
+    self.tail = tail
+    self.out = out
+    self.counts = [0] * (1 + len(tail))
+    self.names = dict(out.names)
+    self.names['write'] = self.write
+    self.dofn.start_bundle()
+
+  def write(self, x, meta) -> None:
+    dofn = self.dofn
+    if dofn.writer is None:
+      dofn.writer = dofn.sink.open_writer(self.init_result,
+                                          str(uuid.uuid4()))
+    dofn.writer.write(x)
+    if dofn.writer.at_capacity():
+      result = dofn.writer.close()
+      dofn.writer = None
+      self._down(result, meta)
+
+  def finish(self) -> None:
+    """The bundle's end: the open file is closed and its result output."""
+    for wv in self.dofn.finish_bundle() or ():
+      self._down(wv.value, wv)
+
+  def abandon(self) -> None:
+    """The partition runs again elsewhere: the file is closed, unused."""
+    writer, self.dofn.writer = self.dofn.writer, None
+    if writer is not None:
+      writer.close()
+
+  def _down(self, value, meta) -> None:
+    self.counts[0] += 1
+    for i, call in enumerate(self.tail):
+      if not call.identity:
+        value = call.fn(value, *call.args, **(call.kwargs or {}))
+      if chains.is_special(value):
+        raise chains.SpecialOutput(f'an output is a {type(value).__name__}')
+      self.counts[i + 1] += 1
+    self.out.put(value, meta)
