@@ -123,6 +123,15 @@ class PySparkRunnerOptions(PipelineOptions):
         help='Streaming: how long one restriction of an unbounded read may '
         'run in a micro-batch before the runner checkpoints it (default: '
         f'{DEFAULT_READ_SECS}).')
+    parser.add_argument(
+        '--no_fast_path',
+        action='store_true',
+        default=False,
+        help='Run every fused stage in Beam\'s SDK harness. By default a '
+        'batch stage made only of a read, Map/FlatMap callables and a '
+        'lifted combine or GroupByKey runs as a plain loop in the Python '
+        'worker (the job\'s messages say how many stages did), with the '
+        'harness as its fallback.')
 
 
 # Beam's own option that this runner reads, next to ours.
@@ -236,6 +245,8 @@ class RunnerOptions:
   read_secs: float = DEFAULT_READ_SECS
   # PySparkRunner's progress in its program: 'auto', 'log' or 'off'.
   progress: str = 'auto'
+  # Batch stages of plain callables may skip the SDK harness (--no_fast_path).
+  fast_path: bool = True
   # The job's pipeline options as the Job API carries them, handed as they
   # are to SDK harnesses that run in their own processes.
   job_options: Optional[dict] = None
@@ -271,6 +282,7 @@ class RunnerOptions:
         **_read_budget(_optional_int(opt('max_records_per_batch')),
                        _optional_int(opt('max_bytes_per_batch')),
                        opt('max_read_secs')),
+        fast_path=not _flag(opt('no_fast_path')),
         job_options=dict(options))
 
   @classmethod
@@ -300,6 +312,7 @@ class RunnerOptions:
         checkpoint_location=ours.checkpoint_location or None,
         **_read_budget(ours.max_records_per_batch, ours.max_bytes_per_batch,
                        ours.max_read_secs),
+        fast_path=not ours.no_fast_path,
         job_options={
             f'beam:option:{name}:v1': value
             for name, value in options.get_all_options(

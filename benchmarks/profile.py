@@ -221,6 +221,10 @@ def spark_summary(rest: SparkRest, jobs: list[dict]) -> dict:
   out_jobs = []
   totals = collections.Counter()
   for job in jobs:
+    if 'completionTime' not in job:
+      # Still running: the runner releases a finished job's harnesses in
+      # a Spark job of its own, in the background (spark.translate).
+      continue
     wall = ts(job['completionTime']) - ts(job['submissionTime'])
     stages = []
     for stage_id in job['stageIds']:

@@ -7,6 +7,8 @@ Every workload runs three ways, in one process, on one SparkContext
 
 * ``ours``     Beam on ``beam_pyspark.PySparkRunner`` (which reuses the
                active SparkContext);
+* ``ours_harness``  the same with ``--no_fast_path``: every stage in Beam's
+               SDK harness;
 * ``pyspark``  the same work hand-written with PySpark's RDD API;
 * ``direct``   Beam's DirectRunner (for batch, the FnApiRunner) with
                ``--direct_num_workers=2 --direct_running_mode=multi_processing``;
@@ -47,8 +49,8 @@ from benchmarks import corpus
 from benchmarks import workloads as wl
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ('ours', 'pyspark', 'direct', 'direct_inmem')
-DEFAULT_VARIANTS = ('ours', 'pyspark', 'direct')
+VARIANTS = ('ours', 'ours_harness', 'pyspark', 'direct', 'direct_inmem')
+DEFAULT_VARIANTS = ('ours', 'ours_harness', 'pyspark', 'direct')
 DIRECT_MODES = {'direct': 'multi_processing', 'direct_inmem': 'in_memory'}
 WARMUP_MB = 0.5
 
@@ -222,6 +224,7 @@ class Bench:
     self.runs: list[Run] = []
     self.flags = {
         'ours': our_flags(args.spark_parallelism),
+        'ours_harness': our_flags(args.spark_parallelism) + ['--no_fast_path'],
         **{
             variant: direct_flags(mode, args.direct_workers)
             for variant, mode in DIRECT_MODES.items()
@@ -298,11 +301,15 @@ class Bench:
 
 
 def format_table(medians: dict, unit: str = 's') -> str:
-  """A Markdown table: the median per variant and the two ratios."""
+  """A Markdown table: the median per variant and the ratios."""
   directs = [v for v in DIRECT_MODES if any(v in m for m in medians.values())]
-  head = ['workload', f'ours ({unit})', f'PySpark ({unit})'] + [
+  harness = any('ours_harness' in m for m in medians.values())
+  head = ['workload', f'ours ({unit})'] + (
+      [f'ours, harness only ({unit})'] if harness else []) + [
+          f'PySpark ({unit})'] + [
       f'Direct {DIRECT_MODES[v]} ({unit})' for v in directs
-  ] + ['ours / PySpark', 'ours / Direct']
+  ] + ['ours / PySpark'] + (
+      ['harness only / PySpark'] if harness else []) + ['ours / Direct']
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 
   def cell(x):
@@ -314,9 +321,13 @@ def format_table(medians: dict, unit: str = 's') -> str:
   for name, m in medians.items():
     direct_times = [m[v] for v in directs if v in m]
     best_direct = min(direct_times) if direct_times else None
-    row = [name, cell(m.get('ours')), cell(m.get('pyspark'))]
+    row = [name, cell(m.get('ours'))]
+    row += [cell(m.get('ours_harness'))] if harness else []
+    row += [cell(m.get('pyspark'))]
     row += [cell(m.get(v)) for v in directs]
-    row += [ratio(m.get('ours'), m.get('pyspark')), ratio(m.get('ours'), best_direct)]
+    row += [ratio(m.get('ours'), m.get('pyspark'))]
+    row += [ratio(m.get('ours_harness'), m.get('pyspark'))] if harness else []
+    row += [ratio(m.get('ours'), best_direct)]
     lines.append('| ' + ' | '.join(row) + ' |')
   return '\n'.join(lines)
 

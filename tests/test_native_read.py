@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import random
 import re
 
 import pytest
@@ -280,3 +281,81 @@ def test_desired_split_bytes():
   assert spark_reads.desired_split_bytes(0, 2) == 64 << 20
   assert spark_reads.desired_split_bytes(1000, 2) == 1 << 20
   assert spark_reads.desired_split_bytes(100 << 20, 4) == 25 << 20
+
+
+class PaddedSquares(SquaresSource):
+  """A source whose pickle grows with ``padding``."""
+  def __init__(self, count, padding: bytes):
+    super().__init__(count)
+    self.padding = padding
+
+
+@pytest.mark.parametrize('padding', [0, 4500])
+def test_the_driver_unpickles_sources_of_any_size(padding):
+  # Beam wraps the pickled source in a BytesValue; its length bytes once
+  # reached the base64 decoder, which kept those that are base64 letters
+  # (a pickle of about 6.3 KiB: its second length byte is '1').
+  import random
+  padded = PaddedSquares(10, random.Random(padding).randbytes(padding))
+  p = beam.Pipeline()
+  _ = p | beam.io.Read(padded) | beam.Map(str)
+  plan = plan_pipeline(p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment.default()))
+  (read, ) = [s for s in plan.stages if s.kind == 'read']
+  _, _, splits = spark_reads.split_source(read.read_payload, 2)
+  assert splits
+
+
+@pytest.mark.parametrize('data', [
+    b'a\r\nbb\r\n\r\nccc\r\n', b'a\rb\nc\r\n\n\r\rd\r\n\re\n', b'x\ny\nlast',
+    b'', b'\n\n\n', 'naïve café\nünïcødé ✓\n'.encode('utf-8'),
+    bytes(random.Random(1).choice(b'ab\r\n') for _ in range(300))
+], ids=['crlf', 'lone-cr', 'no-newline', 'empty', 'blank', 'utf-8', 'random'])
+@pytest.mark.parametrize('block', [3, 1 << 20])
+def test_plain_text_lines_are_beams_records_at_every_split(
+    tmp_path, monkeypatch, data, block):
+  # worker.textlines reads ReadFromText's splits in blocks, or with
+  # readline: the same records as Beam's _TextSource.read_records,
+  # wherever a split starts and however blocks end.
+  from apache_beam.io.filesystem import CompressionTypes
+  from apache_beam.io.textio import _TextSource
+  from beam_pyspark.worker import textlines
+  from beam_pyspark.worker.textlines import plain_text_records
+  monkeypatch.setattr(textlines, 'BLOCK_BYTES', block)
+  path = str(tmp_path / 'lines.txt')
+  with open(path, 'wb') as f:
+    f.write(data)
+  coder = beam.coders.StrUtf8Coder()
+  for strip in (True, False):
+    source = _TextSource(path, 0, CompressionTypes.AUTO, strip, coder,
+                         validate=False)
+    for desired in range(1, len(data) + 2):
+      for bundle in source.split(desired):
+        split = bundle.source
+        beams = list(split.read(split.get_range_tracker(
+            bundle.start_position, bundle.stop_position)))
+        ours = plain_text_records(split, bundle.start_position,
+                                  bundle.stop_position)
+        assert ours is not None
+        assert list(ours) == beams, (strip, desired, bundle.start_position)
+
+
+def test_plain_text_lines_fail_on_bad_utf8_as_beam_does(tmp_path):
+  from apache_beam.io.filesystem import CompressionTypes
+  from apache_beam.io.textio import _TextSource
+  from beam_pyspark.worker.textlines import plain_text_records
+  path = str(tmp_path / 'bad.txt')
+  with open(path, 'wb') as f:
+    f.write(b'good\nbad \xff here\nafter\n')
+  source = _TextSource(path, 0, CompressionTypes.AUTO, True,
+                       beam.coders.StrUtf8Coder(), validate=False)
+  (bundle, ) = source.split(1 << 20)
+  split = bundle.source
+  errors = []
+  for read in (
+      lambda: split.read(split.get_range_tracker(None, None)),
+      lambda: plain_text_records(split, None, None)):
+    with pytest.raises(UnicodeDecodeError) as raised:
+      list(read())
+    errors.append(str(raised.value))
+  assert errors[0] == errors[1]

@@ -25,6 +25,7 @@ from apache_beam.internal import pickler
 from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.transforms.window import GlobalWindows
+from google.protobuf import wrappers_pb2
 
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark.partitioning import pack_by_size
@@ -48,7 +49,11 @@ def split_source(read_payload: bytes, parallelism: int):
   payload = beam_runner_api_pb2.ReadPayload.FromString(read_payload)
   if payload.source.urn != python_urns.PICKLED_SOURCE:
     raise ValueError(f'not a pickled Python source: {payload.source.urn}')
-  source = pickler.loads(payload.source.payload)
+  # Beam wraps the pickled source in a BytesValue (urns.RunnerApiFn):
+  # unpickling the payload itself only worked while the wrapper's length
+  # bytes were no base64 characters (not for 64-127 byte pickles, say).
+  source = pickler.loads(
+      wrappers_pb2.BytesValue.FromString(payload.source.payload).value)
   try:
     estimated = source.estimate_size()
   except NotImplementedError:

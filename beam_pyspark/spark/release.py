@@ -14,7 +14,9 @@ import logging
 import threading
 import time
 
-from beam_pyspark.spark import tasks
+from beam_pyspark.worker import finalization
+from beam_pyspark.worker import harnesses
+from beam_pyspark.worker import statestore
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ def release_harnesses(sc, job_id: str, succeeded: bool, wait: bool) -> None:
     try:
       sc.setJobGroup(f'{job_id}-release', f'Beam job {job_id}: release', True)
       sc.parallelize(range(slots), slots).foreach(
-          tasks.ReleaseJob(job_id, succeeded))
+          ReleaseJob(job_id, succeeded))
     except Exception:  # pylint: disable=broad-except
       # A context stopped meanwhile took the harnesses with its workers.
       stopped = getattr(sc, '_jsc', None) is None
@@ -68,3 +70,29 @@ def _wait_for_releases() -> None:
     threads = list(_running)
   for thread in threads:
     thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class ReleaseJob:
+  """foreach: stop the job's harnesses in this Python worker; first, for a
+  job that succeeded, finalize its bundles still waiting (streaming)."""
+  def __init__(self, job_id: str, succeeded: bool = False):
+    self.job_id = job_id
+    self.succeeded = succeeded
+
+  def __call__(self, _):
+    if self.succeeded:
+      finalization.run_committed(self.job_id, float('inf'))
+    finalization.drop(self.job_id)
+    harnesses.release_job(self.job_id)
+    statestore.release(self.job_id)
+
+
+class FinalizeCommitted:
+  """foreach: finalize the job's bundles of committed micro-batches that
+  wait in this Python worker (worker.finalization)."""
+  def __init__(self, job_id: str, committed: int):
+    self.job_id = job_id
+    self.committed = committed
+
+  def __call__(self, _):
+    finalization.run_committed(self.job_id, self.committed)

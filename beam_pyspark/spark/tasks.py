@@ -18,6 +18,7 @@ from typing import Optional
 from apache_beam.utils.timestamp import Timestamp
 from pyspark.accumulators import AccumulatorParam
 
+from beam_pyspark.planning.fastpath import FastPath
 from beam_pyspark.planning.plan import GroupSpec
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark.dependencies import activate as activate_dependencies
@@ -31,6 +32,7 @@ from beam_pyspark.worker import reads as _harness_reads  # pylint: disable=unuse
 from beam_pyspark.worker import shuffle
 from beam_pyspark.options import DEFAULT_SPLIT_AFTER_SECS
 from beam_pyspark.worker.bundles import StageRunner
+from beam_pyspark.worker.fastpath import FastStage
 from beam_pyspark.worker.shuffle.grouping import group_values
 from beam_pyspark.worker.setup.logs import capture_logs
 from beam_pyspark.worker.runtime import job_runtime
@@ -91,6 +93,13 @@ class TaskContext:
     if not self.worker_console_logs:
       _quiet_worker_console()
     return job_runtime(self.job_id, self.components.value)
+
+
+def first_attempt() -> bool:
+  """Whether the running Spark task is its partition's first attempt."""
+  from pyspark import TaskContext
+  context = TaskContext.get()
+  return context is None or context.attemptNumber() == 0
 
 
 def task_attempt() -> int:
@@ -177,32 +186,6 @@ class NotTag:
     return record[0] != self.tag
 
 
-class ReleaseJob:
-  """foreach: stop the job's harnesses in this Python worker; first, for a
-  job that succeeded, finalize its bundles still waiting (streaming)."""
-  def __init__(self, job_id: str, succeeded: bool = False):
-    self.job_id = job_id
-    self.succeeded = succeeded
-
-  def __call__(self, _):
-    if self.succeeded:
-      finalization.run_committed(self.job_id, float('inf'))
-    finalization.drop(self.job_id)
-    harnesses.release_job(self.job_id)
-    statestore.release(self.job_id)
-
-
-class FinalizeCommitted:
-  """foreach: finalize the job's bundles of committed micro-batches that
-  wait in this Python worker (worker.finalization)."""
-  def __init__(self, job_id: str, committed: int):
-    self.job_id = job_id
-    self.committed = committed
-
-  def __call__(self, _):
-    finalization.run_committed(self.job_id, self.committed)
-
-
 @dataclasses.dataclass(frozen=True)
 class StreamWave:
   """What a stage's task needs in a streaming wave (spark.streaming): the
@@ -241,14 +224,19 @@ class RunStage:
   ``wave``: streaming only; a stateful stage then loads its partition's
   state and timers, fires only the timers due at the wave's clocks, and
   ends with a (REPORT_TAG, PartitionReport) record.
+  ``fast``: batch only, the stage's chain (planning.fastpath): a task's
+  first attempt runs it as a plain loop (worker.fastpath), a retry on the
+  harness.
   """
   def __init__(self, ctx: TaskContext, stage: StagePlan, side, group_outputs,
-               wave: Optional[StreamWave] = None):
+               wave: Optional[StreamWave] = None,
+               fast: Optional[FastPath] = None):
     self.ctx = ctx
     self.stage = stage
     self.side = side
     self.group_outputs = group_outputs
     self.wave = wave
+    self.fast = fast
 
   def __call__(self, index: int, records: Iterable) -> Iterator:
     ctx = self.ctx
@@ -283,16 +271,19 @@ class RunStage:
         kept = streaming.load_stage_state(runtime, stage, store)
         streamed['state_backend'] = StoredState(kept.store)
         streamed['timers'] = kept.timers
-    runner = StageRunner(
-        ctx.job_id,
-        runtime,
-        stage,
-        side_inputs=self.side.value if self.side is not None else (),
-        bundle_bytes=ctx.bundle_bytes,
-        on_finish=report,
-        pipeline_options=ctx.pipeline_options,
-        split_after_secs=ctx.split_after_secs,
-        **streamed)
+
+    def stage_runner(plan: StagePlan, on_finish) -> StageRunner:
+      return StageRunner(
+          ctx.job_id,
+          runtime,
+          plan,
+          side_inputs=self.side.value if self.side is not None else (),
+          bundle_bytes=ctx.bundle_bytes,
+          on_finish=on_finish,
+          pipeline_options=ctx.pipeline_options,
+          split_after_secs=ctx.split_after_secs,
+          **streamed)
+
     keyers = {}
     for transform_id, (coder_id, partitions, compact) in (
         self.group_outputs.items()):
@@ -312,11 +303,20 @@ class RunStage:
       ready = streaming.side_input_gate(runtime, stage, descriptor,
                                         wave.side_watermarks)
       records = streaming.hold_back(runtime, stage, ready, records, held)
+    if self.fast is not None and first_attempt():
+      group = self.group_outputs.get(self.fast.output_id)
+      outputs = FastStage(
+          runtime, stage, self.fast, group and (group[1], group[2]),
+          self.side.value if self.side is not None else ()).run(
+              records, stage_runner, report)
+    else:
+      outputs = stage_runner(stage, report).run(records)
     with capture_logs(ctx.log_level, ctx.log_overrides) as captured:
       try:
-        for transform_id, chunk in runner.run(records):
+        for transform_id, chunk in outputs:
           keyer = keyers.get(transform_id)
-          if keyer is None:
+          if keyer is None or type(chunk) is tuple:  # pylint: disable=unidiomatic-typecheck
+            # (No keyer, or records the fast path packed itself.)
             yield transform_id, chunk
           else:
             to_records, packer = keyer

@@ -52,6 +52,7 @@ from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.spark.release import release_harnesses
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
 from beam_pyspark.worker.endpoints import splittable_input
+from beam_pyspark.worker import fastpath
 from beam_pyspark.worker import harnesses
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.shuffle import is_global_bytes_kv
@@ -67,7 +68,8 @@ def create_batch_engine(plan: ExecutionPlan, job_id: str,
   user's running SparkContext, or one started for ``options``."""
   from beam_pyspark.spark.session import spark_context
   sc = spark_context(options.master, options.conf)
-  return SparkPipelineJob(sc, plan, job_id, options, log)
+  return SparkPipelineJob(sc, plan, job_id, options, log,
+                          fast_path=options.fast_path)
 
 
 class SparkPipelineJob:
@@ -79,7 +81,10 @@ class SparkPipelineJob:
       plan: ExecutionPlan,
       job_id: str,
       options: Optional[RunnerOptions] = None,
-      log: Callable[..., None] = None):
+      log: Callable[..., None] = None,
+      fast_path: bool = False):
+    """``fast_path``: run eligible stages as plain loops (worker.fastpath);
+    batch only, so off unless the batch engine's factory turns it on."""
     self.sc = sc
     self.plan = plan
     self.job_id = job_id
@@ -103,6 +108,8 @@ class SparkPipelineJob:
     self._group_budget = group_budget(sc, self.options.group_memory_mb)
     self._succeeded = False
     self._progress = ProgressTracker(sc, job_id)
+    self._fast, self._fast_note = (
+        fastpath.choose(plan.stages, self._runtime) if fast_path else ({}, ''))
 
   # -- public ---------------------------------------------------------------
 
@@ -141,6 +148,8 @@ class SparkPipelineJob:
   def _execute(self) -> None:
     """Batch: every stage's RDDs, then one action over the stages whose
     output nothing reads."""
+    if self._fast_note:
+      self.log(self._fast_note)
     terminal = []
     for stage in self.plan.stages:
       self._check_cancelled()
@@ -281,7 +290,8 @@ class SparkPipelineJob:
 
   def _run_stage_fn(self, stage: StagePlan, side, group_outputs):
     """The function a stage's tasks run over their partitions."""
-    return tasks.RunStage(self._ctx, stage, side, group_outputs)
+    return tasks.RunStage(self._ctx, stage, side, group_outputs,
+                          fast=self._fast.get(stage.name))
 
   def _may_split(self, stage: StagePlan) -> bool:
     """A splittable stage in its own harness: the runner may split it."""

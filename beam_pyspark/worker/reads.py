@@ -24,6 +24,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_pyspark.planning.reads import READ_SPLIT_URN
+from beam_pyspark.worker.textlines import plain_text_records
 
 
 def encode_split(source, start_position, stop_position) -> bytes:
@@ -36,8 +37,12 @@ def decode_split(encoded: bytes):
 
 
 def read_split(encoded: bytes):
-  """The records of one encoded split."""
+  """The records of one encoded split (a plain text file's by Python's
+  line reading: worker.textlines)."""
   source, start, stop = decode_split(encoded)
+  records = plain_text_records(source, start, stop)
+  if records is not None:
+    return records
   return source.read(source.get_range_tracker(start, stop))
 
 
