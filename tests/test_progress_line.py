@@ -63,7 +63,11 @@ class _Job:
     return JobState.DONE if len(self.timeouts) > self.ticks else None
 
 
-def test_on_a_terminal_one_line_is_rewritten_then_closed_by_the_summary():
+def test_on_a_terminal_one_line_is_rewritten_then_closed_by_the_summary(
+    monkeypatch):
+  # The line is cut to the terminal's width; this one is wide enough (the
+  # test's own terminal may not be, e.g. a pytest-xdist worker's).
+  monkeypatch.setenv('COLUMNS', '200')
   job, stream = _Job(3), io.StringIO()
   done = iter([2, 4, 6])
   reporter = console.ProgressReporter(
