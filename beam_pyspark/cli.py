@@ -56,8 +56,9 @@ def _job_server_parser(sub) -> None:
                  '(on --job-host; 0 picks a free port; -1: none).')
   p.add_argument('--status-cancel', action=argparse.BooleanOptionalAction,
                  default=True,
-                 help='Whether the status page\'s Cancel button may cancel '
-                 'jobs (as Flink\'s web.cancel.enable; default: it may). '
+                 help='Whether the status page\'s Cancel and Drain buttons '
+                 'may cancel and drain jobs (as Flink\'s web.cancel.enable; '
+                 'default: they may). '
                  '--no-status-cancel turns it off.')
   p.add_argument('--shutdown-grace-secs', type=float, default=20.0,
                  help='On SIGTERM or SIGINT: how long running batch jobs may '

@@ -15,6 +15,11 @@ from apache_beam.portability.api import beam_job_api_pb2
 JobState = beam_job_api_pb2.JobState
 Importance = beam_job_api_pb2.JobMessage.MessageImportance
 
+class JobStateError(Exception):
+  """A request the job's state does not allow (e.g. Run twice, or drain a
+  batch job)."""
+
+
 TERMINAL_STATES = frozenset([
     JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.DRAINED,
     JobState.UPDATED

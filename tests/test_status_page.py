@@ -263,6 +263,14 @@ class ReportingExecution:
   def streaming_status(self):
     return self.streaming_value
 
+  def drain(self):
+    # As PipelineExecution.drain: only a streaming engine drains.
+    if self.streaming_value is None:
+      return False
+    self.fake.emit(JobState.DRAINING)
+    self.fake.emit(JobState.DRAINED)
+    return True
+
 
 @pytest.fixture
 def live_site(site):
@@ -449,6 +457,28 @@ def test_cancel_is_a_same_origin_post(site):
   assert info.value.code == 404
 
 
+def test_a_streaming_job_drains_from_its_page_and_a_batch_job_is_refused(
+    live_site):
+  registry, invoke, wrapped, server = live_site
+  own = f'http://localhost:{server.port}'
+  batch = registry.prepare('batch', _pipeline(), {}).job_id
+  registry.run(batch, invoke=invoke)
+  assert b'id="drain"' not in _get(server.url + 'jobs/' + batch)[2]
+  code = _post(server, f'jobs/{batch}/drain', origin=own)[0]
+  assert code == 409 and registry.state(batch).state == JobState.RUNNING
+  stream = registry.prepare('stream', _pipeline(), {}).job_id
+  registry.run(stream, invoke=invoke)
+  wrapped[stream].streaming_value = {'micro_batches': [], 'endpoints': [],
+                                     'watermarks': {}}
+  page = _get(server.url + 'jobs/' + stream)[2].decode()
+  assert f'action="/jobs/{stream}/drain"' in page and 'id="drain"' in page
+  assert _post(server, f'jobs/{stream}/drain')[0] == 403  # no Origin
+  assert registry.state(stream).state == JobState.RUNNING
+  status, url = _post(server, f'jobs/{stream}/drain', origin=own)
+  assert status == 200 and url.endswith('/jobs/' + stream)
+  assert registry.state(stream).state == JobState.DRAINED
+
+
 def test_cancel_can_be_turned_off():
   executor = Executor()
   registry = JobRegistry(executor)
@@ -458,6 +488,8 @@ def test_cancel_can_be_turned_off():
     registry.run(job_id)
     assert b'id="cancel"' not in _get(server.url + 'jobs/' + job_id)[2]
     assert _post(server, f'jobs/{job_id}/cancel',
+                 origin=f'http://localhost:{server.port}')[0] == 403
+    assert _post(server, f'jobs/{job_id}/drain',
                  origin=f'http://localhost:{server.port}')[0] == 403
     assert registry.state(job_id).state == JobState.RUNNING
   finally:

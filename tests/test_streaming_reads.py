@@ -11,6 +11,8 @@ import re
 import threading
 import time
 
+import pytest
+
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.restriction_trackers import OffsetRange
@@ -172,11 +174,14 @@ class _Record(beam.DoFn):
     os.replace(tmp, os.path.join(self.out, name))
 
 
-def test_a_drained_job_ends_drained_with_every_window_complete(tmp_path):
-  """A PeriodicImpulse that would never end, drained while it runs: its
-  reads stop at what they hold (PeriodicImpulse truncates to nothing
-  left), its watermark goes to +inf, every window fires once with every
-  element read for it, and the job ends DRAINED."""
+@pytest.mark.parametrize('drained_by', ['result', 'status page'])
+def test_a_drained_job_ends_drained_with_every_window_complete(
+    tmp_path, drained_by):
+  """A PeriodicImpulse that would never end, drained while it runs (by
+  ``result.drain()`` or the status page's Drain button): its reads stop at
+  what they hold (PeriodicImpulse truncates to nothing left), its
+  watermark goes to +inf, every window fires once with every element read
+  for it, and the job ends DRAINED."""
   import json
   import urllib.request
   from apache_beam.runners.runner import PipelineState
@@ -207,7 +212,18 @@ def test_a_drained_job_ends_drained_with_every_window_complete(tmp_path):
   assert streaming['micro_batches'] and streaming['endpoints']
   assert any(w['output'] not in (None, '-inf')
              for w in streaming['watermarks'].values()), streaming
-  assert result.drain() == PipelineState.DRAINED
+  if drained_by == 'result':
+    assert result.drain() == PipelineState.DRAINED
+  else:
+    page = f'{status_page()}jobs/{result.job_id}'
+    with urllib.request.urlopen(page, timeout=30) as html:
+      assert b'id="drain"' in html.read()
+    origin = status_page().rstrip('/')
+    request = urllib.request.Request(f'{page}/drain', data=b'',
+                                     method='POST', headers={'Origin': origin})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+      assert answer.status == 200  # redirected back to the job's page
+    assert result.wait_until_finish() == PipelineState.DRAINED
   panes = {}
   for name in os.listdir(out):
     if not name.startswith('.'):

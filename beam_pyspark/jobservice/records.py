@@ -11,6 +11,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from beam_pyspark.events import TERMINAL_STATES
 from beam_pyspark.events import Event
 from beam_pyspark.events import JobState
+from beam_pyspark.events import JobStateError  # pylint: disable=unused-import
 from beam_pyspark.events import StateEvent
 
 # Events a live job keeps in memory for its message stream; the store keeps
@@ -27,10 +28,6 @@ class UnknownJobError(KeyError):
   def __str__(self) -> str:
     return (f'No job or preparation with id {self.job_id!r}; GetJobs lists '
             'the known jobs.')
-
-
-class JobStateError(Exception):
-  """A request the job's state does not allow (e.g. Run twice)."""
 
 
 class ShuttingDownError(Exception):

@@ -204,6 +204,12 @@ def job_page(detail: dict, sections: dict[str, str], importance: str,
     cancel = (f'<form class="cancel" method="post" '
               f'action="{_esc(path)}/cancel"><button type="submit" '
               'id="cancel">Cancel</button></form>')
+    if detail.get('streaming'):
+      cancel += (f'<form class="cancel" method="post" '
+                 f'action="{_esc(path)}/drain"><button type="submit" '
+                 'id="drain" title="Reads stop at what they hold, every '
+                 'window fires, then the job ends DRAINED">Drain</button>'
+                 '</form>')
   states = ''.join(f'<li>{s["at"]} {s["state"]}</li>'
                    for s in detail['states'])
   options = _table(['Option', 'Value'], [

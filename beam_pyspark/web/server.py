@@ -18,6 +18,7 @@ nothing else.
     GET  /jobs/<id>/live     the page's changing sections, for its script
     POST /jobs/<id>/cancel   cancels the job (same origin only; off with
                              cancel_enabled=False)
+    POST /jobs/<id>/drain    drains a running streaming job (the same)
     GET  /metrics            jobs and their Beam metrics for Prometheus
                              (web.prometheus)
     GET  /healthz            200 while the server answers
@@ -37,6 +38,7 @@ import urllib.parse
 from typing import Callable
 from typing import Optional
 
+from beam_pyspark.events import JobStateError
 from beam_pyspark.planning import plan_pipeline
 from beam_pyspark.web import jobdata
 from beam_pyspark.web import pages
@@ -162,24 +164,31 @@ class StatusPages:
   def is_post_route(path: str) -> bool:
     segments = urllib.parse.urlsplit(path).path.split('/')[1:]
     return (len(segments) == 3 and segments[0] == 'jobs' and
-            segments[2] == 'cancel')
+            segments[2] in ('cancel', 'drain'))
 
   def post(self, path: str) -> Answer:
-    """Only /jobs/<id>/cancel; the caller checked the origin."""
+    """Only /jobs/<id>/cancel and /jobs/<id>/drain; the caller checked
+    the origin."""
     if not self.is_post_route(path):
       return _not_found('Not found.')
     segments = urllib.parse.urlsplit(path).path.split('/')[1:]
+    action = segments[2]
     if not self.cancel_enabled:
       return 403, 'text/plain', (
-          b'Cancelling from the status page is turned off on this server '
-          b'(--no-status-cancel).\n'), {}
+          b'Cancelling or draining from the status page is turned off on '
+          b'this server (--no-status-cancel).\n'), {}
     job_id = urllib.parse.unquote(segments[1])
     try:
-      self.registry.cancel(job_id)
+      if action == 'drain':
+        self.registry.drain(job_id)
+      else:
+        self.registry.cancel(job_id)
     except KeyError:
       return _not_found(f'No job with id {job_id!r}.')
-    _LOGGER.info('Job %s: cancel asked from the status page', job_id)
-    return 303, 'text/plain', b'cancelling\n', {
+    except JobStateError as e:
+      return 409, 'text/plain', f'{e}\n'.encode('utf-8'), {}
+    _LOGGER.info('Job %s: %s asked from the status page', job_id, action)
+    return 303, 'text/plain', f'{action} asked\n'.encode('utf-8'), {
         'Location': pages.job_path(job_id)}
 
 
