@@ -205,11 +205,16 @@ def test_a_drained_job_ends_drained_with_every_window_complete(
     assert time.monotonic() < deadline, 'no window fired'
     time.sleep(0.2)
   # The status page shows the running job's watermarks, its impulse's
-  # live restriction and its micro-batches.
-  with urllib.request.urlopen(
-      f'{status_page()}api/jobs/{result.job_id}', timeout=30) as page:
-    streaming = json.load(page)['streaming']
-  assert streaming['micro_batches'] and streaming['endpoints']
+  # live restriction and its micro-batches (once its first micro-batch is
+  # committed: a slow first one may have fired both windows itself).
+  while True:
+    with urllib.request.urlopen(
+        f'{status_page()}api/jobs/{result.job_id}', timeout=30) as page:
+      streaming = json.load(page)['streaming']
+    if streaming['micro_batches'] and streaming['endpoints']:
+      break
+    assert time.monotonic() < deadline, streaming
+    time.sleep(0.2)
   assert any(w['output'] not in (None, '-inf')
              for w in streaming['watermarks'].values()), streaming
   if drained_by == 'result':
