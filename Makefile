@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # Two pytest-xdist workers, a test class or module to each at a time: half
 # of the suite's time is spent waiting (job servers starting, PeriodicImpulse
 # and TestStream pipelines that run for their wall-clock seconds, killed
-# drivers restarting), so two share 2 cores well (40 -> 24 minutes).
+# drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope
 
 .PHONY: setup demo test bench clean
