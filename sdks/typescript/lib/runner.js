@@ -1,0 +1,109 @@
+"use strict";
+// How this package's pipelines are submitted: Beam's own PortableRunner
+// (npm apache-beam 2.49.0) against a job endpoint, in LOOPBACK or PROCESS.
+//
+// LOOPBACK is the SDK's: the runner starts a worker pool in this program
+// and the job's environment is EXTERNAL, pointing at it.
+//
+// PROCESS the 2.49.0 client cannot do itself: every environment that is not
+// LOOPBACK becomes a DOCKER one, and packing it up runs
+// `npm pack apache-beam@2_49_rc`, a tag the registry never had, so the
+// submission fails before it reaches the job service. ProcessRunner does
+// what the SDK would: it replaces the SDK's default environment
+// ("js_default") by a beam:env:process:v1 one whose command starts the
+// worker (for beam-pyspark: `python -m beam_pyspark.boot typescript`), and
+// submits the rewritten proto through PortableRunner unchanged.
+const path = require("path");
+const { PortableRunner } = require("apache-beam/runners/portable_runner/runner");
+const runnerApi = require("apache-beam/proto/beam_runner_api");
+const environments = require("apache-beam/internal/environments");
+
+// `--key=value` and `--key value` flags into {key: value}.
+function parseFlags(argv) {
+  const flags = {};
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (!arg.startsWith("--")) throw new Error("unexpected argument " + arg);
+    const eq = arg.indexOf("=");
+    if (eq >= 0) {
+      flags[arg.slice(2, eq)] = arg.slice(eq + 1);
+    } else {
+      flags[arg.slice(2)] = argv[++i];
+    }
+  }
+  return flags;
+}
+
+// The directory holding this program's node_modules (apache-beam among
+// them): a PROCESS worker on this machine runs the same apache-beam.
+function nodeModulesDir() {
+  const beamMain = require.resolve("apache-beam");
+  return beamMain.slice(0, beamMain.lastIndexOf(path.sep + "apache-beam" + path.sep));
+}
+
+class ProcessRunner extends PortableRunner {
+  constructor(options, command, env) {
+    super(options);
+    this.command = command;
+    this.env = env;
+  }
+
+  async runPipeline(pipeline, options) {
+    pipeline = runnerApi.Pipeline.clone(pipeline);
+    for (const [envId, env] of Object.entries(pipeline.components.environments)) {
+      if (env.urn === environments.TYPESCRIPT_DEFAULT_ENVIRONMENT_URN) {
+        pipeline.components.environments[envId] = {
+          ...env,
+          urn: "beam:env:process:v1",
+          payload: runnerApi.ProcessPayload.toBinary({
+            os: "", arch: "", command: this.command, env: this.env,
+          }),
+        };
+      }
+    }
+    return this.runPipelineWithProto(pipeline, options);
+  }
+}
+
+// The runner the flags ask for:
+//   --job_endpoint=HOST:PORT
+//   --environment_type=LOOPBACK (default) | PROCESS
+//   --environment_config=COMMAND  (PROCESS: the command that boots a worker)
+function createRunner(flags) {
+  const options = {
+    jobEndpoint: flags.job_endpoint,
+    jobName: flags.job_name || "",
+  };
+  const type = (flags.environment_type || "LOOPBACK").toUpperCase();
+  if (!options.jobEndpoint) throw new Error("--job_endpoint is required");
+  if (type === "LOOPBACK") {
+    return new PortableRunner({ ...options, environmentType: "LOOPBACK" });
+  }
+  if (type === "PROCESS") {
+    if (!flags.environment_config) {
+      throw new Error("--environment_type=PROCESS needs --environment_config=COMMAND");
+    }
+    return new ProcessRunner(options, flags.environment_config, {
+      BEAM_TYPESCRIPT_NODE_MODULES: nodeModulesDir(),
+    });
+  }
+  throw new Error("unsupported --environment_type " + type);
+}
+
+// Runs `build(root)` and exits: non-zero unless the job ends DONE. The
+// SDK's worker pool (LOOPBACK) and gRPC channels would keep Node alive.
+function main(build) {
+  const flags = parseFlags(process.argv.slice(2));
+  createRunner(flags)
+    .run((root) => build(root, flags))
+    .then(() => {
+      console.log("Pipeline DONE");
+      process.exit(0);
+    })
+    .catch((e) => {
+      console.error("Pipeline failed:", e);
+      process.exit(1);
+    });
+}
+
+module.exports = { parseFlags, createRunner, ProcessRunner, main };
