@@ -1,0 +1,208 @@
+"""Beam's TypeScript SDK (npm apache-beam 2.49.0) on the job server.
+
+The pipelines of ``sdks/typescript`` (WordCount, a side input, windowed
+grouping with the window in context) are submitted by the SDK's own
+PortableRunner, in LOOPBACK (the SDK's worker pool in the submitting node
+process) and in PROCESS (``python -m beam_pyspark.boot typescript`` starts
+the SDK's ``worker_main.js`` on the executor), and their output must equal
+the same pipeline's on Beam's own Python job service (FnApiRunner), which
+runs TypeScript pipelines, and what the test computes from the input.
+
+``make sdk-typescript`` (a step of ``make test``) installs the package
+(``npm ci``) the tests run from.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jobserver_process import JobServerProcess
+
+TS_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'sdks', 'typescript')
+PIPELINE_TIMEOUT = 240
+# The PROCESS environment's command: the runner appends the boot flags.
+BOOT_COMMAND = f'{sys.executable} -m beam_pyspark.boot typescript'
+
+WORDS = ('the quick brown fox jumps over the lazy dog and the cat sat on '
+         'the mat while a dog barked at the moon over the hills of Spark '
+         "and Beam's portable runners").split()
+STOPWORDS = ['the', 'a', 'and', 'of', 'over']
+
+
+def _node() -> str:
+  node = shutil.which('node')
+  assert node, 'node is not on the PATH: the TypeScript SDK needs Node 18+'
+  return node
+
+
+@pytest.fixture(scope='module')
+def sdk():
+  """The installed package (make sdk-typescript)."""
+  worker = os.path.join(TS_DIR, 'node_modules', 'apache-beam', 'dist', 'src',
+                        'apache_beam', 'worker', 'worker_main.js')
+  assert os.path.isfile(worker), (
+      f'{worker} is missing: run `make sdk-typescript` (npm ci in '
+      f'{TS_DIR}), which `make test` does first')
+  return _node()
+
+
+@pytest.fixture(scope='module')
+def inputs(tmp_path_factory):
+  d = tmp_path_factory.mktemp('ts-inputs')
+  text = d / 'text.txt'
+  # Some lines repeat, one is empty, words carry punctuation.
+  lines = [' '.join(WORDS[i:i + 7]) + ('.' if i % 2 else ',')
+           for i in range(0, len(WORDS), 5)]
+  text.write_text('\n'.join(lines + ['', lines[0], lines[3]]) + '\n')
+  stop = d / 'stopwords.txt'
+  stop.write_text('\n'.join(STOPWORDS) + '\n')
+  events = d / 'events.txt'
+  # "seconds word": on window edges (9.999, 10, 20), out of order.
+  timed = [(1, 'cat'), (2, 'dog'), (3, 'cat'), (12, 'cat'), (15, 'dog'),
+           (19.5, 'dog'), (25, 'cat'), (9.999, 'bird'), (10, 'bird'),
+           (20, 'bird'), (0, 'dog'), (31, 'cat'), (7, 'cat')]
+  events.write_text(''.join(f'{t} {w}\n' for t, w in timed))
+  return {'text': str(text), 'stopwords': str(stop), 'events': str(events),
+          'timed': timed}
+
+
+def _words(path):
+  with open(path, encoding='utf-8') as f:
+    return [w for line in f for w in re.split(r"[^A-Za-z']+", line) if w]
+
+
+def expected_wordcount(inputs):
+  return sorted(f'{w}: {n}' for w, n in
+                collections.Counter(_words(inputs['text'])).items())
+
+
+def expected_side_input(inputs):
+  words = _words(inputs['text'])
+  mean = sum(map(len, words)) / len(words)
+  return sorted(f'{w} {len(w)} {"long" if len(w) > mean else "short"}'
+                for w in words if w not in STOPWORDS)
+
+
+def expected_windowed(inputs):
+  groups = collections.defaultdict(list)
+  for seconds, word in inputs['timed']:
+    start = math.floor(seconds / 10) * 10
+    groups[(start, word)].append(seconds)
+  return sorted(
+      f'[{start}, {start + 10}) {word} {len(ts)} '
+      + ','.join(f'{t:g}' for t in sorted(ts))
+      for (start, word), ts in groups.items())
+
+
+PIPELINES = {
+    'wordcount': (lambda i: ['--input', i['text']], expected_wordcount),
+    'side_input': (lambda i: ['--input', i['text'],
+                              '--stopwords', i['stopwords']],
+                   expected_side_input),
+    'windowed': (lambda i: ['--input', i['events']], expected_windowed),
+}
+
+
+def run_pipeline(name, inputs, out_dir, job_endpoint, *env_flags):
+  """Runs ``sdks/typescript/pipelines/<name>.js``; its output lines, sorted
+  (each bundle writes its own file: the order is not the pipeline's)."""
+  node = _node()
+  flags, _ = PIPELINES[name]
+  prefix = os.path.join(str(out_dir), name)
+  started = time.monotonic()
+  done = subprocess.run(
+      [node, os.path.join('pipelines', f'{name}.js'),
+       f'--job_endpoint={job_endpoint}', f'--output={prefix}',
+       *flags(inputs), *env_flags],
+      cwd=TS_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True, timeout=PIPELINE_TIMEOUT, check=False)
+  took = time.monotonic() - started
+  assert done.returncode == 0, (
+      f'{name} ({" ".join(env_flags)}) failed ({done.returncode}) after '
+      f'{took:.0f}s:\n{done.stdout[-6000:]}')
+  assert 'Pipeline DONE' in done.stdout
+  lines = []
+  for path in glob.glob(prefix + '-*'):
+    with open(path, encoding='utf-8') as f:
+      lines.extend(f.read().splitlines())
+  return sorted(lines)
+
+
+@pytest.fixture(scope='module')
+def reference_service(sdk, tmp_path_factory):
+  """Beam's Python job service (FnApiRunner): the reference."""
+  d = tmp_path_factory.mktemp('beam-job-service')
+  port_file = d / 'port'
+  log = open(d / 'log', 'wb')
+  proc = subprocess.Popen(
+      [sys.executable, '-m',
+       'apache_beam.runners.portability.local_job_service_main',
+       '--port', '0', '--port_file', str(port_file)],
+      stdout=log, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+      assert proc.poll() is None, (d / 'log').read_text()
+      assert time.monotonic() < deadline, 'Beam\'s job service did not start'
+      time.sleep(0.1)
+    yield f'localhost:{port_file.read_text().strip()}'
+  finally:
+    proc.terminate()
+    proc.wait(30)
+    log.close()
+
+
+@pytest.fixture(scope='module')
+def reference(reference_service, inputs, tmp_path_factory):
+  """Each pipeline's output on Beam's job service (LOOPBACK: Beam's
+  FnApiRunner has no PROCESS environments other than Python's)."""
+  out = tmp_path_factory.mktemp('ts-reference')
+  return {name: run_pipeline(name, inputs, out, reference_service)
+          for name in PIPELINES}
+
+
+@pytest.fixture(scope='module')
+def server(sdk, tmp_path_factory):
+  s = JobServerProcess(tmp_path_factory.mktemp('ts-jobserver') / 'artifacts')
+  yield s
+  s.stop()
+
+
+def test_reference_runs_are_what_the_input_says(reference, inputs):
+  """Beam's job service runs the pipelines to what the input implies, so
+  equal output on ours means right output."""
+  for name, (_, expected) in PIPELINES.items():
+    assert reference[name] == expected(inputs), name
+  # Not trivially equal: each pipeline did real work.
+  assert len(reference['wordcount']) > 20
+  assert any(line.endswith(' long') for line in reference['side_input'])
+  assert '[10, 20) bird 1 10' in reference['windowed']
+
+
+ENVIRONMENTS = {
+    'LOOPBACK': ('--environment_type=LOOPBACK',),
+    'PROCESS': ('--environment_type=PROCESS',
+                f'--environment_config={BOOT_COMMAND}'),
+}
+
+
+@pytest.mark.parametrize('environment', list(ENVIRONMENTS))
+@pytest.mark.parametrize('name', list(PIPELINES))
+def test_pipeline_output_equals_beams_job_service(
+    name, environment, server, reference, inputs, tmp_path):
+  got = run_pipeline(name, inputs, tmp_path, server.job_endpoint,
+                     *ENVIRONMENTS[environment])
+  assert got == reference[name], (
+      f'{name} in {environment}: output differs from Beam\'s job service; '
+      f'job server log:\n{server.log()[-6000:]}')
