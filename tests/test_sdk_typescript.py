@@ -31,8 +31,10 @@ from jobserver_process import JobServerProcess
 TS_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'sdks', 'typescript')
 PIPELINE_TIMEOUT = 240
-# The PROCESS environment's command: the runner appends the boot flags.
-BOOT_COMMAND = f'{sys.executable} -m beam_pyspark.boot typescript'
+# The PROCESS environment's command, as a user writes it: the runner appends
+# the boot flags, and puts its own interpreter's directory first on the
+# command's PATH (so `python` is the executor's Python, with beam_pyspark).
+BOOT_COMMAND = 'python -m beam_pyspark.boot typescript'
 
 WORDS = ('the quick brown fox jumps over the lazy dog and the cat sat on '
          'the mat while a dog barked at the moon over the hills of Spark '
@@ -132,6 +134,10 @@ def run_pipeline(name, inputs, out_dir, job_endpoint, *env_flags):
       f'{name} ({" ".join(env_flags)}) failed ({done.returncode}) after '
       f'{took:.0f}s:\n{done.stdout[-6000:]}')
   assert 'Pipeline DONE' in done.stdout
+  return _output(prefix), done.stdout
+
+
+def _output(prefix):
   lines = []
   for path in glob.glob(prefix + '-*'):
     with open(path, encoding='utf-8') as f:
@@ -168,7 +174,7 @@ def reference(reference_service, inputs, tmp_path_factory):
   """Each pipeline's output on Beam's job service (LOOPBACK: Beam's
   FnApiRunner has no PROCESS environments other than Python's)."""
   out = tmp_path_factory.mktemp('ts-reference')
-  return {name: run_pipeline(name, inputs, out, reference_service)
+  return {name: run_pipeline(name, inputs, out, reference_service)[0]
           for name in PIPELINES}
 
 
@@ -197,12 +203,38 @@ ENVIRONMENTS = {
 }
 
 
+# The TypeScript harness logs each control request it gets (apache-beam
+# 2.49.0's Worker.handleRequest), and worker_main.js its start.
+BUNDLE_REQUEST = re.compile(r"oneofKind: 'processBundle'")
+WORKER_MAIN_STARTED = re.compile(r'^Starting worker \S+', re.M)
+
+
+def _log_since(server, offset):
+  with open(server.log_path, 'rb') as f:
+    f.seek(offset)
+    return f.read().decode('utf-8', 'replace')
+
+
 @pytest.mark.parametrize('environment', list(ENVIRONMENTS))
 @pytest.mark.parametrize('name', list(PIPELINES))
 def test_pipeline_output_equals_beams_job_service(
     name, environment, server, reference, inputs, tmp_path):
-  got = run_pipeline(name, inputs, tmp_path, server.job_endpoint,
-                     *ENVIRONMENTS[environment])
+  offset = os.path.getsize(server.log_path)
+  got, client_out = run_pipeline(name, inputs, tmp_path, server.job_endpoint,
+                                 *ENVIRONMENTS[environment])
+  server_log = _log_since(server, offset)
   assert got == reference[name], (
       f'{name} in {environment}: output differs from Beam\'s job service; '
-      f'job server log:\n{server.log()[-6000:]}')
+      f'job server log:\n{server_log[-6000:]}')
+  # Where the harness ran: in the submitting node program (LOOPBACK), or
+  # started by the executor through the boot (PROCESS).
+  if environment == 'LOOPBACK':
+    assert BUNDLE_REQUEST.search(client_out), client_out[-3000:]
+    assert not BUNDLE_REQUEST.search(server_log)
+  else:
+    assert not BUNDLE_REQUEST.search(client_out)
+    assert BUNDLE_REQUEST.search(server_log), server_log[-3000:]
+    assert WORKER_MAIN_STARTED.search(server_log), server_log[-3000:]
+    assert re.search(r'boot INFO Starting the SDK harness: \S*node\S* '
+                     r'\S+/apache-beam/dist/src/apache_beam/worker/'
+                     r'worker_main\.js', server_log), server_log[-3000:]
