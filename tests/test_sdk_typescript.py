@@ -179,8 +179,16 @@ def reference(reference_service, inputs, tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def server(sdk, tmp_path_factory):
-  s = JobServerProcess(tmp_path_factory.mktemp('ts-jobserver') / 'artifacts')
+def boot_cache(tmp_path_factory):
+  """The boot's per-host cache (staged npm packages are installed there):
+  the test's own, so the staged-packages test really installs them."""
+  return tmp_path_factory.mktemp('ts-boot-cache')
+
+
+@pytest.fixture(scope='module')
+def server(sdk, tmp_path_factory, boot_cache):
+  s = JobServerProcess(tmp_path_factory.mktemp('ts-jobserver') / 'artifacts',
+                       env={'BEAM_PYSPARK_BOOT_CACHE': str(boot_cache)})
   yield s
   s.stop()
 
@@ -235,6 +243,34 @@ def test_pipeline_output_equals_beams_job_service(
     assert not BUNDLE_REQUEST.search(client_out)
     assert BUNDLE_REQUEST.search(server_log), server_log[-3000:]
     assert WORKER_MAIN_STARTED.search(server_log), server_log[-3000:]
-    assert re.search(r'boot INFO Starting the SDK harness: \S*node\S* '
-                     r'\S+/apache-beam/dist/src/apache_beam/worker/'
-                     r'worker_main\.js', server_log), server_log[-3000:]
+    # The apache-beam next to the pipeline (BEAM_TYPESCRIPT_NODE_MODULES).
+    assert _harness_node_modules(server_log) == {
+        os.path.join(TS_DIR, 'node_modules')}, server_log[-3000:]
+
+
+def _harness_node_modules(server_log):
+  """The node_modules directories the boot started worker_main.js from."""
+  return set(re.findall(
+      r'boot INFO Starting the SDK harness: \S*node (\S+)/apache-beam/dist/'
+      r'src/apache_beam/worker/worker_main\.js', server_log))
+
+
+def test_process_with_staged_npm_packages(
+    server, reference, inputs, tmp_path, boot_cache):
+  """PROCESS as Beam's TypeScript container runs it: the job stages the
+  pipeline's package and apache-beam as npm tarballs (the roles Beam's
+  docker environments use), and the boot installs them on the executor
+  (once per host: every worker of the job shares the install)."""
+  offset = os.path.getsize(server.log_path)
+  got, _ = run_pipeline('wordcount', inputs, tmp_path, server.job_endpoint,
+                        *ENVIRONMENTS['PROCESS'], '--stage_npm_packages')
+  server_log = _log_since(server, offset)
+  assert got == reference['wordcount'], server_log[-6000:]
+  installed = re.findall(
+      r'boot INFO Installing the staged npm package [0-9a-f]+-(\S+)\.tgz',
+      server_log)
+  assert installed == ['apache-beam-2.49.0',
+                       'beam-pyspark-typescript-pipelines-0.0.0'], (
+                           server_log[-6000:])
+  [modules] = _harness_node_modules(server_log)
+  assert modules.startswith(str(boot_cache) + os.sep), modules

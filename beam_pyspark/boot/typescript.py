@@ -18,9 +18,10 @@ they come from, first match wins:
 1. The environment's staged npm artifacts, as the container installs them:
    ``beam:artifact:type:npm_dep:v1`` tarballs become ``overrides`` of a
    ``package.json`` (the role payload names the package), then each
-   ``beam:artifact:type:npm:v1`` tarball is ``npm install``-ed into a
-   directory of the worker's own. This needs npm and the packages'
-   dependencies (from npm's cache or its registry) on the executor.
+   ``beam:artifact:type:npm:v1`` tarball is ``npm install``-ed, once per
+   host and set of packages (in the boot's cache directory). This needs
+   npm, and the packages' dependencies in npm's cache or its registry, on
+   the executor.
 2. An installed ``node_modules`` directory holding ``apache-beam``:
    ``--node_modules=DIR`` after the SDK name in the environment's command,
    else the environment variable ``BEAM_TYPESCRIPT_NODE_MODULES`` (a
@@ -35,6 +36,8 @@ they come from, first match wins:
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -116,27 +119,61 @@ def installed_node_modules(extra: list[str]) -> str:
 
 def install_staged_packages(ctx: common.BootContext) -> str | None:
   """Installs the environment's staged npm packages as Beam's container
-  does; returns their node_modules, or None when none were staged."""
+  does; returns their node_modules, or None when none were staged.
+
+  Installed once per host and set of packages (a directory of the boot's
+  cache named by the packages' digests, made under a lock): every worker of
+  every job with the same packages uses it (npm install takes ~15 s).
+  """
   packages = ctx.with_role(NPM)
   if not packages:
     return None
+  deps = ctx.with_role(NPM_DEP)
+  digest = hashlib.sha256()
+  for artifact in deps + packages:
+    digest.update(artifact.role_urn.encode() + b'\0' +
+                  artifact.info.role_payload + b'\0')
+    with open(artifact.path, 'rb') as f:
+      digest.update(hashlib.sha256(f.read()).digest())
+  workdir = os.path.join(common.cache_dir(),
+                         'typescript-npm-' + digest.hexdigest()[:32])
+  node_modules = os.path.join(workdir, 'node_modules')
+  done_marker = os.path.join(workdir, '.installed')
+  os.makedirs(common.cache_dir(), exist_ok=True)
+  with open(workdir + '.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if os.path.exists(done_marker):
+      _LOGGER.info('Staged npm packages already installed in %s', workdir)
+      return node_modules
+    tmp = f'{workdir}.tmp-{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    _npm_install(tmp, packages, deps)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.rename(tmp, workdir)
+    with open(done_marker, 'w'):
+      pass
+  return node_modules
+
+
+def _npm_install(workdir: str, packages: list[common.RetrievedArtifact],
+                 deps: list[common.RetrievedArtifact]) -> None:
   npm = shutil.which('npm')
   if not npm:
     raise common.BootError(
         f'The environment staged {len(packages)} npm package(s), and npm is '
         'not on the PATH of this executor to install them.')
-  workdir = os.path.join(ctx.semi_persist_dir, 'npm')
-  os.makedirs(workdir, exist_ok=True)
-  # npm wants a package file's name to end in a tarball's suffix.
-  overrides = {
-      dep.info.role_payload.decode('utf-8'): 'file:' + _as_tarball(dep.path)
-      for dep in ctx.with_role(NPM_DEP)}
+  # npm_dep tarballs: the packages of these names come from them, wherever
+  # they are depended on (the role payload names the package).
+  overrides = {dep.info.role_payload.decode('utf-8'):
+               'file:' + _as_tarball(dep.path) for dep in deps}
   with open(os.path.join(workdir, 'package.json'), 'w') as f:
     json.dump({'name': 'beam-worker', 'version': '1.0.0',
                'overrides': overrides}, f, indent=2)
   for package in packages:
     tarball = _as_tarball(package.path)
-    _LOGGER.info('Installing the staged npm package %s', package.name)
+    _LOGGER.info('Installing the staged npm package %s in %s', package.name,
+                 workdir)
     done = subprocess.run(
         [npm, 'install', '--no-audit', '--no-fund', '--prefer-offline',
          tarball], cwd=workdir, stdout=subprocess.PIPE,
@@ -145,7 +182,6 @@ def install_staged_packages(ctx: common.BootContext) -> str | None:
       raise common.BootError(
           f'npm install {package.name} failed ({done.returncode}):\n'
           f'{done.stdout[-4000:]}')
-  return os.path.join(workdir, 'node_modules')
 
 
 def _as_tarball(path: str) -> str:

@@ -13,6 +13,10 @@
 // ("js_default") by a beam:env:process:v1 one whose command starts the
 // worker (for beam-pyspark: `python -m beam_pyspark.boot typescript`), and
 // submits the rewritten proto through PortableRunner unchanged.
+const childProcess = require("child_process");
+const crypto = require("crypto");
+const fs = require("fs");
+const os = require("os");
 const path = require("path");
 const { PortableRunner } = require("apache-beam/runners/portable_runner/runner");
 const runnerApi = require("apache-beam/proto/beam_runner_api");
@@ -27,8 +31,10 @@ function parseFlags(argv) {
     const eq = arg.indexOf("=");
     if (eq >= 0) {
       flags[arg.slice(2, eq)] = arg.slice(eq + 1);
-    } else {
+    } else if (i + 1 < argv.length && !argv[i + 1].startsWith("--")) {
       flags[arg.slice(2)] = argv[++i];
+    } else {
+      flags[arg.slice(2)] = "true";
     }
   }
   return flags;
@@ -41,11 +47,52 @@ function nodeModulesDir() {
   return beamMain.slice(0, beamMain.lastIndexOf(path.sep + "apache-beam" + path.sep));
 }
 
+// `npm pack DIR` into a temporary directory; the tarball's path.
+function npmPack(dir) {
+  const dest = fs.mkdtempSync(path.join(os.tmpdir(), "beam-pack-"));
+  const done = childProcess.spawnSync(
+    "npm", ["pack", "--pack-destination", dest, dir], { encoding: "utf8" }
+  );
+  if (done.status !== 0) {
+    throw new Error("npm pack " + dir + " failed: " + done.stderr);
+  }
+  return path.join(dest, done.stdout.trim().split("\n").pop());
+}
+
+// A staged file as Beam's docker path stages npm packages: its role is
+// beam:artifact:type:npm:v1 and its role payload the package's name.
+function npmArtifact(tarball, name) {
+  return runnerApi.ArtifactInformation.create({
+    typeUrn: "beam:artifact:type:file:v1",
+    typePayload: runnerApi.ArtifactFilePayload.toBinary({
+      path: path.resolve(tarball),
+      sha256: crypto.createHash("sha256").update(fs.readFileSync(tarball)).digest("hex"),
+    }),
+    roleUrn: "beam:artifact:type:npm:v1",
+    rolePayload: new TextEncoder().encode(name),
+  });
+}
+
+// The environment's npm packages, staged with the job: this program's
+// package (the current directory's, as Beam's docker path packs it) and
+// the apache-beam it runs (packed from its installed directory, so no
+// registry is asked). The boot installs them on the executor.
+function stagedPackages() {
+  const pipelinePackage = JSON.parse(fs.readFileSync("package.json", "utf8"));
+  return [
+    npmArtifact(npmPack(path.join(nodeModulesDir(), "apache-beam")), "apache-beam"),
+    npmArtifact(npmPack(process.cwd()), pipelinePackage.name),
+  ];
+}
+
 class ProcessRunner extends PortableRunner {
-  constructor(options, command, env) {
+  // command: the PROCESS environment's command; env: its environment
+  // variables; dependencies: artifacts staged with it.
+  constructor(options, command, env = {}, dependencies = []) {
     super(options);
     this.command = command;
     this.env = env;
+    this.dependencies = dependencies;
   }
 
   async runPipeline(pipeline, options) {
@@ -55,6 +102,7 @@ class ProcessRunner extends PortableRunner {
         pipeline.components.environments[envId] = {
           ...env,
           urn: "beam:env:process:v1",
+          dependencies: [...env.dependencies, ...this.dependencies],
           payload: runnerApi.ProcessPayload.toBinary({
             os: "", arch: "", command: this.command, env: this.env,
           }),
@@ -69,6 +117,8 @@ class ProcessRunner extends PortableRunner {
 //   --job_endpoint=HOST:PORT
 //   --environment_type=LOOPBACK (default) | PROCESS
 //   --environment_config=COMMAND  (PROCESS: the command that boots a worker)
+//   --stage_npm_packages  (PROCESS: stage this package and apache-beam for
+//       the boot to install, instead of naming this node_modules)
 function createRunner(flags) {
   const options = {
     jobEndpoint: flags.job_endpoint,
@@ -82,6 +132,9 @@ function createRunner(flags) {
   if (type === "PROCESS") {
     if (!flags.environment_config) {
       throw new Error("--environment_type=PROCESS needs --environment_config=COMMAND");
+    }
+    if (flags.stage_npm_packages !== undefined && flags.stage_npm_packages !== "false") {
+      return new ProcessRunner(options, flags.environment_config, {}, stagedPackages());
     }
     return new ProcessRunner(options, flags.environment_config, {
       BEAM_TYPESCRIPT_NODE_MODULES: nodeModulesDir(),
