@@ -51,6 +51,22 @@ def test_override_forms_and_their_errors():
       EnvironmentOverride.parse(bad)
 
 
+def test_beams_own_images_boot_their_sdks_by_default():
+  pipeline = beam_runner_api_pb2.Pipeline()
+  envs = pipeline.components.environments
+  for sdk, image in (
+      ('java', 'apache/beam_java17_sdk:2.62.0'),
+      ('go', 'apache/beam_go_sdk:2.62.0'),
+      # As Beam's TypeScript SDK names it.
+      ('typescript', 'docker.io/apache/beam_typescript_sdk:2.49.0')):
+    envs[sdk].CopyFrom(_docker(image))
+  apply_overrides(pipeline, [])
+  for sdk in ('java', 'go', 'typescript'):
+    assert envs[sdk].urn == common_urns.environments.PROCESS.urn
+    assert beam_runner_api_pb2.ProcessPayload.FromString(
+        envs[sdk].payload).command == f'python -m beam_pyspark.boot {sdk}'
+
+
 def test_first_matching_override_wins_and_the_rest_stays():
   pipeline = beam_runner_api_pb2.Pipeline()
   envs = pipeline.components.environments
