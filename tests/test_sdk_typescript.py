@@ -274,3 +274,18 @@ def test_process_with_staged_npm_packages(
                            server_log[-6000:])
   [modules] = _harness_node_modules(server_log)
   assert modules.startswith(str(boot_cache) + os.sep), modules
+
+
+def test_docker_environment_boots_as_beams_container_would(
+    server, reference, inputs, tmp_path, boot_cache):
+  """The SDK's own non-LOOPBACK environment: Beam's TypeScript image with
+  the staged npm packages (less the 2.49.0 client's broken npm pack). The
+  job server's default override runs that image as a PROCESS environment
+  booted by ``python -m beam_pyspark.boot typescript``."""
+  offset = os.path.getsize(server.log_path)
+  got, _ = run_pipeline('wordcount', inputs, tmp_path, server.job_endpoint,
+                        '--environment_type=DOCKER')
+  server_log = _log_since(server, offset)
+  assert got == reference['wordcount'], server_log[-6000:]
+  [modules] = _harness_node_modules(server_log)
+  assert modules.startswith(str(boot_cache) + os.sep), modules

@@ -18,6 +18,9 @@ const crypto = require("crypto");
 const fs = require("fs");
 const os = require("os");
 const path = require("path");
+// apache-beam's index first: its modules import each other in a cycle that
+// only loading it from the top resolves.
+require("apache-beam");
 const { PortableRunner } = require("apache-beam/runners/portable_runner/runner");
 const runnerApi = require("apache-beam/proto/beam_runner_api");
 const environments = require("apache-beam/internal/environments");
@@ -85,40 +88,60 @@ function stagedPackages() {
   ];
 }
 
-class ProcessRunner extends PortableRunner {
-  // command: the PROCESS environment's command; env: its environment
-  // variables; dependencies: artifacts staged with it.
-  constructor(options, command, env = {}, dependencies = []) {
+// A PortableRunner that replaces the SDK's default environment
+// ("js_default") by `replace(env)` before submitting the pipeline.
+class EnvironmentRunner extends PortableRunner {
+  constructor(options, replace) {
     super(options);
-    this.command = command;
-    this.env = env;
-    this.dependencies = dependencies;
+    this.replace = replace;
   }
 
   async runPipeline(pipeline, options) {
     pipeline = runnerApi.Pipeline.clone(pipeline);
     for (const [envId, env] of Object.entries(pipeline.components.environments)) {
       if (env.urn === environments.TYPESCRIPT_DEFAULT_ENVIRONMENT_URN) {
-        pipeline.components.environments[envId] = {
-          ...env,
-          urn: "beam:env:process:v1",
-          dependencies: [...env.dependencies, ...this.dependencies],
-          payload: runnerApi.ProcessPayload.toBinary({
-            os: "", arch: "", command: this.command, env: this.env,
-          }),
-        };
+        pipeline.components.environments[envId] = this.replace(env);
       }
     }
     return this.runPipelineWithProto(pipeline, options);
   }
 }
 
+// PROCESS. command: the environment's command; env: its environment
+// variables; dependencies: artifacts staged with it.
+class ProcessRunner extends EnvironmentRunner {
+  constructor(options, command, env = {}, dependencies = []) {
+    super(options, (sdkEnv) => ({
+      ...sdkEnv,
+      urn: "beam:env:process:v1",
+      payload: runnerApi.ProcessPayload.toBinary({ os: "", arch: "", command, env }),
+      dependencies: [...sdkEnv.dependencies, ...dependencies],
+    }));
+  }
+}
+
+// DOCKER, as the SDK's own non-LOOPBACK path makes it (the image Beam
+// publishes for the SDK, the pipeline's package and apache-beam staged as
+// npm packages), less its `npm pack apache-beam@2_49_rc`. beam-pyspark's
+// job server runs Beam's TypeScript image as a PROCESS environment booted
+// by `python -m beam_pyspark.boot typescript` (its default override).
+const SDK_IMAGE = "docker.io/apache/beam_typescript_sdk:2.49.0";
+class DockerRunner extends EnvironmentRunner {
+  constructor(options, image = SDK_IMAGE, dependencies = stagedPackages()) {
+    super(options, (sdkEnv) => ({
+      ...environments.asDockerEnvironment(sdkEnv, image),
+      dependencies: [...sdkEnv.dependencies, ...dependencies],
+    }));
+  }
+}
+
 // The runner the flags ask for:
 //   --job_endpoint=HOST:PORT
-//   --environment_type=LOOPBACK (default) | PROCESS
+//   --environment_type=LOOPBACK (default) | PROCESS | DOCKER
 //   --environment_config=COMMAND  (PROCESS: the command that boots a worker)
 //   --stage_npm_packages  (PROCESS: stage this package and apache-beam for
 //       the boot to install, instead of naming this node_modules)
+//   --sdk_container_image=IMAGE  (DOCKER: default Beam's image for 2.49.0)
 function createRunner(flags) {
   const options = {
     jobEndpoint: flags.job_endpoint,
@@ -140,6 +163,9 @@ function createRunner(flags) {
       BEAM_TYPESCRIPT_NODE_MODULES: nodeModulesDir(),
     });
   }
+  if (type === "DOCKER") {
+    return new DockerRunner(options, flags.sdk_container_image || SDK_IMAGE);
+  }
   throw new Error("unsupported --environment_type " + type);
 }
 
@@ -159,4 +185,6 @@ function main(build) {
     });
 }
 
-module.exports = { parseFlags, createRunner, ProcessRunner, main };
+module.exports = {
+  parseFlags, createRunner, EnvironmentRunner, ProcessRunner, DockerRunner, main,
+};
