@@ -1,11 +1,13 @@
 "use strict";
 // Windowed grouping with the window in context: "timestamp word" lines of
 // a text file get their timestamps (seconds), go into fixed windows of
-// --window_secs (default 10), are grouped by word (GroupByKey), and a DoFn
-// that reads each group's window from its context writes
+// --window_secs (default 10), or sessions with a gap of
+// --sessions_gap_secs (merging windows), are grouped by word (GroupByKey),
+// and a DoFn that reads each group's window from its context writes
 // "[start, end) word count sorted-timestamps" lines to files OUTPUT-*.
 //   node pipelines/windowed.js --job_endpoint=HOST:PORT --input=FILE \
-//     --output=PREFIX [--window_secs=10] [--environment_type=...]
+//     --output=PREFIX [--window_secs=10 | --sessions_gap_secs=S] \
+//     [--environment_type=...]
 const Long = require("long");
 const beam = require("apache-beam");
 const pardo = require("apache-beam/transforms/pardo");
@@ -32,7 +34,13 @@ main((root, flags) => {
     .flatMap(readLines)
     .map(parseEvent)
     .apply(beam.assignTimestamps(eventTime))
-    .apply(beam.windowInto(windowings.fixedWindows(Number(flags.window_secs || 10))))
+    .apply(
+      beam.windowInto(
+        flags.sessions_gap_secs
+          ? windowings.sessions(Number(flags.sessions_gap_secs))
+          : windowings.fixedWindows(Number(flags.window_secs || 10))
+      )
+    )
     .apply(beam.groupBy((event) => event.word))
     .map(
       beam.withName("withWindow", function withWindow(group, context) {
