@@ -15,7 +15,9 @@ runs TypeScript pipelines, and what the test computes from the input.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
+import json
 import math
 import os
 import re
@@ -161,6 +163,13 @@ def run_pipeline(name, inputs, out_dir, job_endpoint, *env_flags):
   return _output(prefix), done.stdout
 
 
+def counters(client_out):
+  """The job's user counters as the SDK's PipelineResult reads them from
+  the job service's metrics (lib/runner.js prints them)."""
+  [line] = re.findall(r'^Counters: (.*)$', client_out, re.M)
+  return json.loads(line)
+
+
 def _output(prefix):
   lines = []
   for path in glob.glob(prefix + '-*'):
@@ -193,13 +202,22 @@ def reference_service(sdk, tmp_path_factory):
     log.close()
 
 
+@dataclasses.dataclass
+class Reference:
+  outputs: dict  # pipeline -> its sorted output lines
+  counters: dict  # pipeline -> its user counters
+
+
 @pytest.fixture(scope='module')
 def reference(reference_service, inputs, tmp_path_factory):
   """Each pipeline's output on Beam's job service (LOOPBACK: Beam's
   FnApiRunner has no PROCESS environments other than Python's)."""
   out = tmp_path_factory.mktemp('ts-reference')
-  return {name: run_pipeline(name, inputs, out, reference_service)[0]
+  runs = {name: run_pipeline(name, inputs, out, reference_service)
           for name in PIPELINES}
+  return Reference(
+      outputs={name: lines for name, (lines, _) in runs.items()},
+      counters={name: counters(out) for name, (_, out) in runs.items()})
 
 
 @pytest.fixture(scope='module')
@@ -220,13 +238,17 @@ def server(sdk, tmp_path_factory, boot_cache):
 def test_reference_runs_are_what_the_input_says(reference, inputs):
   """Beam's job service runs the pipelines to what the input implies, so
   equal output on ours means right output."""
+  with open(inputs['text'], encoding='utf-8') as f:
+    lines = [line for line in f.read().splitlines() if line]
+  assert reference.counters['wordcount'] == {
+      'lines': len(lines), 'words': len(_words(inputs['text']))}
   for name, (_, expected) in PIPELINES.items():
-    assert reference[name] == expected(inputs), name
+    assert reference.outputs[name] == expected(inputs), name
   # Not trivially equal: each pipeline did real work.
-  assert len(reference['wordcount']) > 20
-  assert any(line.endswith(' long') for line in reference['side_input'])
-  assert '[10, 20) bird 1 10' in reference['windowed']
-  assert '[9.999, 15) bird 2 9.999,10' in reference['sessions']
+  assert len(reference.outputs['wordcount']) > 20
+  assert any(line.endswith(' long') for line in reference.outputs['side_input'])
+  assert '[10, 20) bird 1 10' in reference.outputs['windowed']
+  assert '[9.999, 15) bird 2 9.999,10' in reference.outputs['sessions']
 
 
 ENVIRONMENTS = {
@@ -257,9 +279,12 @@ def test_pipeline_output_equals_beams_job_service(
   got, client_out = run_pipeline(name, inputs, tmp_path, server.job_endpoint,
                                  *ENVIRONMENTS[environment])
   server_log = _log_since(server, offset)
-  assert got == reference[name], (
+  assert got == reference.outputs[name], (
       f'{name} in {environment}: output differs from Beam\'s job service; '
       f'job server log:\n{server_log[-6000:]}')
+  # The TypeScript harness's metrics, aggregated by the runner over every
+  # bundle, as Beam's job service reports them.
+  assert counters(client_out) == reference.counters[name]
   # Where the harness ran: in the submitting node program (LOOPBACK), or
   # started by the executor through the boot (PROCESS).
   if environment == 'LOOPBACK':
@@ -291,7 +316,7 @@ def test_process_with_staged_npm_packages(
   got, _ = run_pipeline('wordcount', inputs, tmp_path, server.job_endpoint,
                         *ENVIRONMENTS['PROCESS'], '--stage_npm_packages')
   server_log = _log_since(server, offset)
-  assert got == reference['wordcount'], server_log[-6000:]
+  assert got == reference.outputs['wordcount'], server_log[-6000:]
   installed = re.findall(
       r'boot INFO Installing the staged npm package [0-9a-f]+-(\S+)\.tgz',
       server_log)
@@ -312,6 +337,6 @@ def test_docker_environment_boots_as_beams_container_would(
   got, _ = run_pipeline('wordcount', inputs, tmp_path, server.job_endpoint,
                         '--environment_type=DOCKER')
   server_log = _log_since(server, offset)
-  assert got == reference['wordcount'], server_log[-6000:]
+  assert got == reference.outputs['wordcount'], server_log[-6000:]
   [modules] = _harness_node_modules(server_log)
   assert modules.startswith(str(boot_cache) + os.sep), modules

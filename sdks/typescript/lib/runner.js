@@ -175,7 +175,11 @@ function main(build) {
   const flags = parseFlags(process.argv.slice(2));
   createRunner(flags)
     .run((root) => build(root, flags))
-    .then(() => {
+    .then(async (result) => {
+      // The job's user counters, as the job service reports them (Beam's
+      // distributions are left out: 2.49.0 encodes their payload as an
+      // iterable, not as the model's four varints).
+      console.log("Counters: " + JSON.stringify(await result.counters()));
       console.log("Pipeline DONE");
       process.exit(0);
     })
