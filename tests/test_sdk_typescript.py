@@ -340,3 +340,56 @@ def test_docker_environment_boots_as_beams_container_would(
   assert got == reference.outputs['wordcount'], server_log[-6000:]
   [modules] = _harness_node_modules(server_log)
   assert modules.startswith(str(boot_cache) + os.sep), modules
+
+
+# -- The boot's choices, without a job ----------------------------------------
+
+
+def _boot_context(tmp_path, extra=(), artifacts=()):
+  from apache_beam.portability.api import beam_provision_api_pb2
+  from beam_pyspark.boot import common
+  return common.BootContext(
+      worker_id='w1', provision_endpoint='p:1', control_endpoint='c:2',
+      artifact_endpoint='a:3', logging_endpoint='l:4',
+      semi_persist_dir=str(tmp_path),
+      info=beam_provision_api_pb2.ProvisionInfo(), artifacts=list(artifacts),
+      extra=list(extra))
+
+
+def test_boot_finds_apache_beam_by_flag_then_environment_then_cwd(
+    tmp_path, monkeypatch):
+  from beam_pyspark.boot import typescript
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv(typescript.ENV_NODE_MODULES, '/from/env')
+  assert typescript.installed_node_modules(
+      ['--node_modules=/from/flag']) == '/from/flag'
+  assert typescript.installed_node_modules(
+      ['--node_modules', '/from/flag2']) == '/from/flag2'
+  assert typescript.installed_node_modules([]) == '/from/env'
+  monkeypatch.delenv(typescript.ENV_NODE_MODULES)
+  assert typescript.installed_node_modules([]) == str(
+      tmp_path / 'node_modules')
+
+
+def test_boot_without_apache_beam_says_where_it_looked(tmp_path, monkeypatch):
+  from beam_pyspark.boot import common
+  from beam_pyspark.boot import typescript
+  monkeypatch.setenv(typescript.ENV_NODE, _node())
+  with pytest.raises(common.BootError, match='has no apache-beam') as info:
+    typescript.main(_boot_context(
+        tmp_path, extra=[f'--node_modules={tmp_path}/nothing']))
+  assert f'{tmp_path}/nothing' in str(info.value)
+
+
+def test_boot_passes_worker_main_the_containers_flags(tmp_path):
+  from beam_pyspark.boot import typescript
+  ctx = _boot_context(tmp_path)
+  ctx.info.pipeline_options.update(
+      {'beam:option:registered_node_modules:v1': ['apache-beam']})
+  ctx.info.status_endpoint.url = 's:5'
+  args = typescript.worker_args(ctx)
+  assert args[:3] == ['--logging_endpoint=l:4', '--control_endpoint=c:2',
+                      f'--semi_persist_dir={tmp_path}']
+  options = json.loads(args[3][len('--options='):])
+  assert options == {'beam:option:registered_node_modules:v1': ['apache-beam']}
+  assert args[4:] == ['--status_endpoint=s:5']
