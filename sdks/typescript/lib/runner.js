@@ -50,9 +50,11 @@ function nodeModulesDir() {
   return beamMain.slice(0, beamMain.lastIndexOf(path.sep + "apache-beam" + path.sep));
 }
 
-// `npm pack DIR` into a temporary directory; the tarball's path.
+// `npm pack DIR` into a temporary directory (removed when this program
+// exits: the job service has read it by then); the tarball's path.
 function npmPack(dir) {
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "beam-pack-"));
+  process.on("exit", () => fs.rmSync(dest, { recursive: true, force: true }));
   const done = childProcess.spawnSync(
     "npm", ["pack", "--pack-destination", dest, dir], { encoding: "utf8" }
   );
