@@ -88,3 +88,58 @@ def accepts_state_backed_iterables(
         env.payload).environments
     return bool(members) and all(urn in m.capabilities for m in members)
   return urn in env.capabilities
+
+
+_SDK_BASE = 'beam:version:sdk_base:'
+
+
+def sdk_of(env: beam_runner_api_pb2.Environment) -> str:
+  """The SDK an environment runs: from its sdk_base capability (Beam's
+  container image name, e.g. apache/beam_java17_sdk), else its URN."""
+  if env.urn == common_urns.environments.ANYOF.urn:
+    members = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+        env.payload).environments
+    return sdk_of(members[0]) if members else 'any'
+  for capability in env.capabilities:
+    if capability.startswith(_SDK_BASE):
+      image = capability[len(_SDK_BASE):].rsplit(':', 1)[0]
+      name = image.rsplit('/', 1)[-1]
+      for sdk in ('java', 'python', 'go', 'typescript'):
+        if sdk in name:
+          return sdk
+      return name
+  if 'python' in env.urn:
+    return 'python'
+  return 'unknown SDK'
+
+
+def describe_environment(components: beam_runner_api_pb2.Components,
+                         env_id: str) -> str:
+  """``env_id`` as a person reads it: its SDK and how its harness runs,
+  e.g. "java, process" or "python, embedded"."""
+  env = components.environments.get(env_id) if env_id else None
+  if env is None:
+    return 'runner'
+  kind = env.urn.split(':')[2] if env.urn.count(':') >= 3 else env.urn
+  if env.urn == common_urns.environments.ANYOF.urn:
+    kind = 'any of'
+  elif env.urn == common_urns.environments.EXTERNAL.urn:
+    kind = 'external'
+  elif 'embedded' in env.urn:
+    kind = 'embedded'
+  return f'{sdk_of(env)}, {kind}'
+
+
+def stages_by_environment(plan) -> str:
+  """How many of a plan's stages run in each environment, e.g.
+  "stages by environment: 'java' (java, process) 3, runner 2"."""
+  components = beam_runner_api_pb2.Components.FromString(plan.components)
+  counts: dict[str, int] = {}
+  for stage in plan.stages:
+    env_id = stage.environment_id if stage.kind == 'sdk' else ''
+    counts[env_id] = counts.get(env_id, 0) + 1
+  parts = [
+      (f'{env_id!r} ({describe_environment(components, env_id)}) {n}'
+       if env_id else f'runner {n}')
+      for env_id, n in sorted(counts.items(), key=lambda kv: (not kv[0], kv[0]))]
+  return 'stages by environment: ' + ', '.join(parts)

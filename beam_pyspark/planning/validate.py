@@ -65,6 +65,19 @@ def unsupported_reasons(
       reasons.append(f'pipeline requirement {requirement} is not supported')
 
   for env_id, env in components.environments.items():
+    if env.urn == common_urns.environments.DOCKER.urn:
+      image = beam_runner_api_pb2.DockerPayload.FromString(
+          env.payload).container_image
+      reasons.append(
+          f'environment {env_id!r} ({env.urn}) is Docker image {image!r}, '
+          'and Spark executors have no Docker daemon: map the image to a '
+          'process or '
+          'a worker pool, e.g. --environment-override '
+          f'\'{image or "IMAGE"}=process:COMMAND\' (job server) or '
+          '--environment_override (pipeline option), or submit with '
+          '--environment_type=LOOPBACK, PROCESS or (Python) '
+          f'{python_urns.EMBEDDED_PYTHON}')
+      continue
     if not _env_ok(env, supported_environments):
       reasons.append(
           f'environment {env_id!r} ({env.urn}) is not supported; '
