@@ -142,3 +142,17 @@ def test_options_are_written_as_gos_boot_writes_them():
   assert go_boot.harness_command(ctx, '/s/bin') == [
       '/s/bin', '--worker=true', '--id=w', '--logging_endpoint=l:1',
       '--control_endpoint=c:1', '--semi_persist_dir=/s']
+
+
+def test_wordcount_in_gos_default_docker_environment(
+    server, text, expected, tmp_path):
+  # No environment flags: Go's default is a Docker environment of Beam's Go
+  # image, which the job server runs as `python -m beam_pyspark.boot go`
+  # (its default environment overrides).
+  out = str(tmp_path / 'counts.txt')
+  counts, log = _wordcount(
+      ['--runner=portable', f'--endpoint={server.job_endpoint}',
+       f'--worker_binary={go_sdk.program("wordcount")}'], text, out)
+  assert "'apache/beam_go_sdk:" in log and 'beam_pyspark.boot go' in log
+  assert "'go' (go, process)" in log
+  assert counts == expected
