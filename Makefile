@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope
 
-.PHONY: setup demo test bench clean sdk-go
+.PHONY: setup sdk-typescript sdk-go demo test bench clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -19,6 +19,19 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# Beam's TypeScript SDK (npm apache-beam 2.49.0) and the pipelines
+# tests/test_sdk_typescript.py submits with it: npm ci from the lock file
+# (npm's cache, ~/.npm, keeps the downloads; again only when the lock file
+# changes). --ignore-scripts: the one install script among them is
+# protobufjs's postinstall, for its pbjs command line, which nothing runs.
+TS_DIR := sdks/typescript
+TS_STAMP := $(TS_DIR)/node_modules/.installed-stamp
+$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --prefer-offline --ignore-scripts --no-audit --no-fund
+	@touch $(TS_STAMP)
+
+sdk-typescript: $(TS_STAMP)
 
 # Beam's own WordCount, unchanged, on local Spark, over the shipped sample.
 demo: setup
@@ -36,7 +49,7 @@ demo: setup
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-go
+test: setup sdk-typescript sdk-go
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
@@ -72,4 +85,4 @@ $(GO_BIN)/.built: sdks/go/go.mod sdks/go/go.sum
 sdk-go: $(GO_BIN)/.built
 
 clean:
-	rm -rf $(VENV) out build *.egg-info $(GO_BIN)
+	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN)
