@@ -139,9 +139,11 @@ def _run(package: str, binary: str, endpoint: str, workdir: str,
   if EXCLUDED:
     args.append('-test.skip=^(' + '|'.join(EXCLUDED) + ')$')
   start = time.monotonic()
+  # TMPDIR: Go's runner leaves a file there per LOOPBACK job.
   with open(log, 'wb') as out:
     proc = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT,
-                          cwd=workdir, timeout=TIMEOUT_SECS, check=False)
+                          cwd=workdir, timeout=TIMEOUT_SECS, check=False,
+                          env={**os.environ, 'TMPDIR': workdir})
   return proc.returncode, log, time.monotonic() - start
 
 
