@@ -1,3 +1,8 @@
+// Beam's Go SDK for the Go tests (docs/sdks/go.md): `make sdk-go` builds
+// Go's wordcount and Beam's Go integration test binaries from this module
+// into bin/. To move to another Beam release:
+//   go get github.com/apache/beam/sdks/v2@vX.Y.Z && go mod tidy
+// (deps.go names the packages built, so that tidy keeps what they need).
 module github.com/beam-pyspark/beam-pyspark/sdks/go
 
 go 1.26.0
