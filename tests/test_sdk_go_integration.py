@@ -91,6 +91,13 @@ BEYOND_FILTERS = {
     'TestTestStreamTwoBoolSequences': 'TestStream, flattened',
     'TestTestStreamTwoUserTypeSequences': 'TestStream of a Go struct type',
     'TestTestStreamTimersEventTime': 'TestStream and event-time timers',
+    'TestTestStreamSimple': 'TestStream of a Go-coded element (opaque bytes)',
+    'TestTestStreamSimple_InfinityDefault':
+        'TestStream of a Go-coded element, watermark to +inf by default',
+    'TestTestStreamToGBK': 'TestStream of Go-coded elements into a GroupByKey',
+    'TestTestStreamStrings': 'TestStream of strings (Go encodes nested)',
+    'TestTestStreamByteSliceSequence': 'TestStream of byte slices (nested)',
+    'TestTestStreamInt16Sequence': 'TestStream of int16s (Go-coded, nested)',
     'TestPanes': 'pane info of triggered firings',
     'TestTriggerDefault': 'default trigger, streaming',
     'TestTriggerElementCount': 'AfterCount trigger',
@@ -106,16 +113,6 @@ FAILING_BEYOND_FILTERS = {
     'TestMapState, TestMapStateClear, TestSetState, TestSetStateClear':
         'the runner\'s state service (Beam\'s StateServicer) answers '
         '"Unknown state type: multimap_keys_user_state"',
-    'TestTestStreamSimple, TestTestStreamSimple_InfinityDefault, '
-    'TestTestStreamToGBK':
-        'TestStream of a Go-coded element: spark/tasks.TestStreamElements '
-        'decodes it with the SDK\'s coder (KeyError: '
-        '\'beam:go:coder:custom:v1\')',
-    'TestTestStreamStrings, TestTestStreamByteSliceSequence, '
-    'TestTestStreamInt16Sequence':
-        'TestStream elements arrive re-encoded (passert: "a", "b", "c" '
-        'both unexpected and missing), as Beam notes for Flink\'s extra '
-        'length prefix',
     'TestTriggerAlways, TestTriggerRepeat, TestTriggerAfterEach, '
     'TestTriggerAfterAny, TestTriggerAfterProcessingTime, '
     'TestTriggerOrFinally':

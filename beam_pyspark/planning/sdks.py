@@ -54,6 +54,22 @@ def grouping_coders(context, sdk_coder_id: str, safe_coder_id: str
       safe_coder_id + '_windows'), False
 
 
+def teststream_elements_nested(components: beam_runner_api_pb2.Components,
+                               pcoll_id: str) -> bool:
+  """Whether a TestStream's elements for ``pcoll_id`` are encoded in the
+  nested context. Python's and Java's TestStreams encode an element as a
+  whole (the outer context); Go's ``teststream`` in the nested one (a
+  string or byte slice gets its length in front), and its own runner,
+  Prism, reads them so. Told apart by the SDK of the transforms that read
+  the PCollection."""
+  for transform in components.transforms.values():
+    if pcoll_id in transform.inputs.values() and transform.environment_id:
+      env = components.environments.get(transform.environment_id)
+      if env is not None and sdk_of(env) == 'go':
+        return True
+  return False
+
+
 def python_knows_coder(components: beam_runner_api_pb2.Components,
                        coder_id: str) -> bool:
   known = beam_coders.Coder._known_urns  # pylint: disable=protected-access
