@@ -91,6 +91,10 @@ BEYOND_FILTERS = {
     'TestTestStreamTwoBoolSequences': 'TestStream, flattened',
     'TestTestStreamTwoUserTypeSequences': 'TestStream of a Go struct type',
     'TestTestStreamTimersEventTime': 'TestStream and event-time timers',
+    'TestMapState': 'map user state (multimap_user_state and its keys)',
+    'TestMapStateClear': 'map user state, cleared whole',
+    'TestSetState': 'set user state (a map of keys to nothing)',
+    'TestSetStateClear': 'set user state, cleared whole',
     'TestTestStreamSimple': 'TestStream of a Go-coded element (opaque bytes)',
     'TestTestStreamSimple_InfinityDefault':
         'TestStream of a Go-coded element, watermark to +inf by default',
@@ -110,9 +114,6 @@ BEYOND_FILTERS = {
 # Filtered by Beam for portable runners, and failing here too (not run;
 # the lead's list of what a Go pipeline cannot do yet on this runner):
 FAILING_BEYOND_FILTERS = {
-    'TestMapState, TestMapStateClear, TestSetState, TestSetStateClear':
-        'the runner\'s state service (Beam\'s StateServicer) answers '
-        '"Unknown state type: multimap_keys_user_state"',
     'TestTriggerAlways, TestTriggerRepeat, TestTriggerAfterEach, '
     'TestTriggerAfterAny, TestTriggerAfterProcessingTime, '
     'TestTriggerOrFinally':
