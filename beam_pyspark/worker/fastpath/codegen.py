@@ -155,9 +155,11 @@ class _Writer:
       self.sink(sink, x, m, indent)
       return
     if call.windowed:
-      self.line(indent, f'if len({m}.windows) != 1:')
-      self.line(indent, '  raise SpecialOutput("an element in several '
-                'windows for a DoFn taking its window")')
+      # A DoFn taking its window is called once per window of the element
+      # (PerWindowInvoker.invoke_process).
+      mw = self.var('m')
+      self.line(indent, f'for {mw} in per_window({x}, {m}):')
+      indent, m = indent + '  ', mw
     y, my = self.var('x'), (self.var('m') if meta else m)
     if call.kind == chains.IDENTITY:
       if meta:
@@ -293,6 +295,12 @@ def _assign(call: Call) -> Callable:
   return assign
 
 
+def _per_window(x, m):
+  if len(m.windows) == 1:
+    return (m, )
+  return [chains.WindowedValue(x, m.timestamp, (w, )) for w in m.windows]
+
+
 def _bad_output(results):
   raise TypeError(
       'Returning a %s from a ParDo or FlatMap is not allowed. '
@@ -317,7 +325,7 @@ def _namespace(tree: Tree, names: dict, bound: list) -> dict:
       Fallback=Fallback, CLEAN=CLEAN, UNCLEAN=UNCLEAN, SOURCE=SOURCE,
       SpecialOutput=chains.SpecialOutput, type=type, len=len, str=str,
       bytes=bytes, dict=dict, Exception=Exception, cap=SPILL_OUTPUTS,
-      bad_output=_bad_output, MISSING=chains.MISSING)
+      bad_output=_bad_output, MISSING=chains.MISSING, per_window=_per_window)
   return namespace
 
 
