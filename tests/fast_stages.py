@@ -4,6 +4,8 @@ path, and compare what each writes (tests/test_fast_path*.py)."""
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import uuid
 
 import apache_beam as beam
@@ -24,6 +26,8 @@ from beam_pyspark.worker.bundles import DEFAULT_BUNDLE_BYTES
 from beam_pyspark.worker.bundles import StageRunner
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.state import side_input_entries
+
+from conftest import spark_options
 
 
 class Planned:
@@ -181,3 +185,41 @@ class Planned:
 
 def first_line(error):
   return None if error is None else error.strip().splitlines()[0]
+
+
+def run_on_and_off(build, tmp_path):
+  """Runs ``build(p, output)`` on local[2] with the fast path on and off;
+  returns for each (sorted output lines, element counts, user counters
+  and distributions' counts, the runner's messages)."""
+  outcomes = []
+  for flags in ({}, {'no_fast_path': True}):
+    out = str(tmp_path / f'out{len(flags)}')
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger('beam_pyspark.runner')
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+      p = beam.Pipeline(options=spark_options(**flags))
+      build(p, out)
+      result = p.run()
+      result.wait_until_finish()
+    finally:
+      logger.removeHandler(handler)
+      logger.setLevel(level)
+    lines = []
+    for name in sorted(os.listdir(tmp_path)):
+      if name.startswith(f'out{len(flags)}'):
+        with open(tmp_path / name, encoding='utf-8') as f:
+          lines.extend(f.read().splitlines())
+    infos = result.monitoring_infos()
+    counts = {m.labels['PCOLLECTION']: mi.extract_counter_value(m)
+              for m in infos if m.urn == mi.ELEMENT_COUNT_URN}
+    query = result.metrics().query()
+    user = {str(r.key): r.committed for r in query['counters']}
+    user.update({str(r.key): r.committed.count
+                 for r in query['distributions']})
+    outcomes.append((sorted(lines), counts, user, messages))
+  return outcomes

@@ -10,7 +10,6 @@ local[2] with the fast path on and off.
 from __future__ import annotations
 
 import functools
-import os
 import re
 
 import apache_beam as beam
@@ -19,7 +18,6 @@ from apache_beam.io import iobase
 from apache_beam.io import ReadFromText
 from apache_beam.io.range_trackers import OffsetRangeTracker
 from apache_beam.metrics import Metrics
-from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms import combiners
 from apache_beam.transforms import environments
@@ -33,6 +31,7 @@ from beam_pyspark.worker.runtime import JobRuntime
 
 from conftest import spark_options
 from fast_stages import Planned
+from fast_stages import run_on_and_off
 
 WORDS = re.compile(r"[\w']+")
 
@@ -334,42 +333,6 @@ def test_a_source_of_timestamped_values_runs_on_the_harness():
 # -- on Spark, on and off -------------------------------------------------------
 
 
-def _run_both(build, tmp_path):
-  """Runs ``build(p, output)`` with the fast path on and off; returns for
-  each (sorted output lines, element counts, user counters, messages)."""
-  import logging
-  outcomes = []
-  for flags in ({}, {'no_fast_path': True}):
-    out = str(tmp_path / f'out{len(flags)}')
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger('beam_pyspark.runner')
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-      p = beam.Pipeline(options=spark_options(**flags))
-      build(p, out)
-      result = p.run()
-      result.wait_until_finish()
-    finally:
-      logger.removeHandler(handler)
-      logger.setLevel(level)
-    lines = []
-    for name in sorted(os.listdir(tmp_path)):
-      if name.startswith(f'out{len(flags)}'):
-        with open(tmp_path / name, encoding='utf-8') as f:
-          lines.extend(f.read().splitlines())
-    infos = result.monitoring_infos()
-    counts = {m.labels['PCOLLECTION']: mi.extract_counter_value(m)
-              for m in infos if m.urn == mi.ELEMENT_COUNT_URN}
-    user = {str(r.key): r.committed
-            for r in result.metrics().query()['counters']}
-    outcomes.append((sorted(lines), counts, user, messages))
-  return outcomes
-
-
 def test_wordcount_on_spark_on_and_off(text, tmp_path):
   words, _ = text
 
@@ -380,7 +343,7 @@ def test_wordcount_on_spark_on_and_off(text, tmp_path):
          | beam.io.WriteToText(out))
 
   (on, on_counts, _, on_messages), (off, off_counts, _, off_messages) = (
-      _run_both(build, tmp_path))
+      run_on_and_off(build, tmp_path))
   assert on == off and len(on) == 3000
   assert on_counts == off_counts
   assert any(re.match(r'\d of \d+ fused stages on the fast path', m)
@@ -395,7 +358,7 @@ def test_create_group_and_metrics_on_spark_on_and_off(tmp_path):
          | beam.MapTuple(lambda k, vs: f'{k} {sum(vs)}')
          | beam.io.WriteToText(out))
 
-  (on, on_counts, on_user, _), (off, off_counts, off_user, _) = _run_both(
+  (on, on_counts, on_user, _), (off, off_counts, off_user, _) = run_on_and_off(
       build, tmp_path)
   assert on == off and len(on) == 10
   assert on_counts == off_counts
@@ -415,7 +378,7 @@ def test_side_input_join_on_spark_on_and_off(text, tmp_path):
                         beam.pvalue.AsDict(names))
          | beam.io.WriteToText(out))
 
-  (on, on_counts, _, on_messages), (off, off_counts, _, _) = _run_both(
+  (on, on_counts, _, on_messages), (off, off_counts, _, _) = run_on_and_off(
       build, tmp_path)
   assert on == off and len(on) == 16_670
   assert on_counts == off_counts
@@ -431,7 +394,7 @@ def test_a_file_writer_handing_over_midway_writes_each_line_once(tmp_path):
     _ = (p | beam.Create(range(3000)) | beam.Map(count_from_100)
          | beam.Map(str) | beam.io.WriteToText(out))
 
-  (on, on_counts, on_user, _), (off, off_counts, off_user, _) = _run_both(
+  (on, on_counts, on_user, _), (off, off_counts, off_user, _) = run_on_and_off(
       build, tmp_path)
   assert on == off == sorted(str(i) for i in range(3000))
   assert on_user == off_user and list(on_user.values()) == [2900]

@@ -63,6 +63,8 @@ PARDO = 'pardo'
 PRECOMBINE = 'precombine'
 GLOBAL_WINDOW = 'global_window'  # WindowInto(GlobalWindows()) in global
 ASSIGN_WINDOWS = 'assign_windows'  # WindowInto of another WindowFn
+FLATTEN = 'flatten'  # a Flatten inside the stage (sink_flattens' transcoding)
+FLATTEN_URN = common_urns.primitives.FLATTEN.urn
 # Name the records stage (FastPath.records_stage), the rest stage
 # (FastPath.rest_stage) and their inputs' coders.
 RECORDS_SUFFIX = '/records'
@@ -98,6 +100,12 @@ class Step:
   # A ParDo's DoFn URN: a pickled DoFnInfo, or one of Beam's stateless
   # DoFns known by URN (CombineGlobally's KeyWithVoid).
   dofn_urn: str = python_urns.PICKLED_DOFN_INFO
+  # A Flatten's other inputs.
+  extra_inputs: tuple[str, ...] = ()
+
+  @property
+  def inputs(self) -> tuple[str, ...]:
+    return (self.input_pcoll, ) + self.extra_inputs
 
   @property
   def output_pcoll(self) -> str:
@@ -257,6 +265,8 @@ def _tree(start: str, consumers, transforms, components
   steps: list[Step] = []
   outputs: list[Output] = []
   pending = [start]
+  produced: set = set()
+  waiting: dict[str, str] = {}
   while pending:
     pcoll = pending.pop(0)
     for transform_id in consumers.get(pcoll, []):
@@ -264,11 +274,22 @@ def _tree(start: str, consumers, transforms, components
       if t.spec.urn == DATA_OUTPUT_URN:
         outputs.append(Output(transform_id, pcoll, _port_coder(t)))
         continue
+      if any(s.transform_id == transform_id for s in steps):
+        continue  # a Flatten, reached through another of its inputs
       why = _why_not(t, consumers, transforms, components)
       if why:
         return why
-      steps.append(_step(transform_id, t, components))
-      pending.extend(p for _, p in steps[-1].outputs)
+      step = _step(transform_id, t, components)
+      if not all(p == start or p in produced for p in step.inputs):
+        waiting[transform_id] = t.unique_name
+        continue  # a Flatten: reached again through its other inputs
+      waiting.pop(transform_id, None)
+      steps.append(step)
+      produced.update(p for _, p in step.outputs)
+      pending.extend(p for _, p in step.outputs)
+  if waiting:
+    return f'{next(iter(waiting.values()))!r} reads a PCollection from ' \
+        'outside the stage\'s loop'
   if not steps and not outputs:
     return 'nothing for the loop to run'
   return steps, outputs
@@ -307,8 +328,8 @@ def _chain(start: str, consumers, transforms, components,
 
 def _step(transform_id: str, t: beam_runner_api_pb2.PTransform,
           components) -> Step:
-  kind = {PRECOMBINE_URN: PRECOMBINE, WINDOW_INTO_URN: ASSIGN_WINDOWS}.get(
-      t.spec.urn, PARDO)
+  kind = {PRECOMBINE_URN: PRECOMBINE, WINDOW_INTO_URN: ASSIGN_WINDOWS,
+          FLATTEN_URN: FLATTEN}.get(t.spec.urn, PARDO)
   payload = t.spec.payload
   side_inputs = ()
   main_input = [p for tag, p in t.inputs.items()]
@@ -327,14 +348,14 @@ def _step(transform_id: str, t: beam_runner_api_pb2.PTransform,
     if ws.window_fn.urn == GLOBAL_WINDOWS_URN and _global(
         components, main_input[0]):
       kind = GLOBAL_WINDOW
-  (input_pcoll, ) = main_input
+  input_pcoll, extra_inputs = main_input[0], tuple(main_input[1:])
   return Step(
       transform_id=transform_id, name=t.unique_name, kind=kind,
       payload=payload, input_pcoll=input_pcoll,
       outputs=tuple(t.outputs.items()), side_inputs=side_inputs,
       input_windowing=components.pcollections[
           input_pcoll].windowing_strategy_id,
-      dofn_urn=dofn_urn)
+      dofn_urn=dofn_urn, extra_inputs=extra_inputs)
 
 
 def _windowing(components, pcoll: str):
@@ -376,6 +397,10 @@ def _why_not(t: beam_runner_api_pb2.PTransform, consumers, transforms,
     ws = _windowing(components, _only(t.inputs))
     if ws.output_time != beam_runner_api_pb2.OutputTime.END_OF_WINDOW:
       return f'the combine {name} combines timestamps'
+    return ''
+  if t.spec.urn == FLATTEN_URN:
+    if len(t.outputs) != 1 or len(set(t.inputs.values())) != len(t.inputs):
+      return f'{name} flattens a PCollection with itself'
     return ''
   if t.spec.urn == WINDOW_INTO_URN:
     ws = beam_runner_api_pb2.WindowingStrategy.FromString(t.spec.payload)

@@ -244,7 +244,7 @@ class FastStage:
     for call in calls:
       for _, pcoll in call.step.outputs:
         if pcoll not in tree_sinks and not any(
-            c.step.input_pcoll == pcoll for c in calls):
+            pcoll in c.step.inputs for c in calls):
           tree_sinks[pcoll] = [sinks.discard(next(number))]
     counted.pop(spec.input_pcoll if spec.read_pcoll else '', None)
     counted.pop(spec.boundary_pcoll, None)
@@ -408,6 +408,29 @@ def choose(stages: Iterable[StagePlan], runtime: JobRuntime
           f' up to {spec.steps[-1].name!r}, the harness after it '
           f'({spec.rest_why})' if spec.rest_stage is not None else '')
       chosen[stage.name] = spec
+  names = '; '.join(_short(spec) for spec in chosen.values())
+  if len(names) > NAMES_CHARS:
+    names = names[:NAMES_CHARS - 3] + '...'
   return chosen, (f'{len(chosen)} of {candidates} fused stages on the fast '
                   'path (plain loops without the SDK harness; '
-                  '--no_fast_path turns it off)')
+                  f'--no_fast_path turns it off){": " if names else ""}'
+                  f'{names}')
+
+
+# How much of the job's message names the stages on the fast path.
+NAMES_CHARS = 400
+
+
+def _short(spec: FastPath) -> str:
+  """A stage on the fast path as the user named its transforms: the
+  first name of each composite, in order ('Split+PairWithOne+Count'), or
+  a composite's own step ('Write/FinalizeWrite')."""
+  names = []
+  for step in spec.steps:
+    name = step.name.split('/')[0]
+    if name not in names:
+      names.append(name)
+  if len(names) == 1 and '/' in spec.steps[-1].name:
+    # Steps of one composite (WriteToText's): which of them.
+    return f'{names[0]}/{spec.steps[-1].name.rsplit("/", 1)[1]}'
+  return '+'.join(names) or 'Flatten'

@@ -48,6 +48,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_pyspark.planning.fastpath import ASSIGN_WINDOWS
+from beam_pyspark.planning.fastpath import FLATTEN as FLATTEN_STEP
 from beam_pyspark.planning.fastpath import GLOBAL_WINDOW
 from beam_pyspark.planning.fastpath import MAIN_TAG
 from beam_pyspark.planning.fastpath import PARDO
@@ -67,8 +68,8 @@ MAX_KEYS_TINY = 1000 * 1000
 # How a ParDo is called: Map's function, one output; FlatMap's or a DoFn's
 # process, an iterable of outputs; Filter's predicate, the element or
 # nothing; WindowInto's, the element in its new windows; and no call.
-MAP, FLAT, FILTER, ASSIGN, IDENTITY, COMBINE = (
-    'map', 'flat', 'filter', 'assign', 'identity', 'combine')
+MAP, FLAT, FILTER, ASSIGN, IDENTITY, COMBINE, FLATTEN = (
+    'map', 'flat', 'filter', 'assign', 'identity', 'combine', 'flatten')
 
 # DoFn parameters the loop hands over (names in chain.Call.params).
 _PARAMS = {
@@ -186,6 +187,8 @@ def _load(step: Step, runtime) -> Call:
   context = runtime.context
   if step.kind == GLOBAL_WINDOW:
     return Call(step, IDENTITY)
+  if step.kind == FLATTEN_STEP:
+    return Call(step, FLATTEN)
   if step.kind == ASSIGN_WINDOWS:
     windowing = core.Windowing.from_runner_api(
         beam_runner_api_pb2.WindowingStrategy.FromString(step.payload),

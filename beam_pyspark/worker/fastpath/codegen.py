@@ -59,7 +59,7 @@ class Tree:
 
   def consumers(self, pcoll: str) -> list:
     out = [('call', i) for i, c in enumerate(self.calls)
-           if c.step.input_pcoll == pcoll]
+           if pcoll in c.step.inputs]
     return out + [('sink', s) for s in self.sinks.get(pcoll, [])]
 
 
@@ -148,7 +148,7 @@ class _Writer:
     out = call.step.output_pcoll
     meta = tree.meta
     if tree.metered and call.kind not in (chains.IDENTITY, chains.ASSIGN,
-                                          chains.COMBINE):
+                                          chains.COMBINE, chains.FLATTEN):
       self.line(indent, f'w.step = s{i}')
     if call.kind == chains.COMBINE:
       (sink, ) = [s for s in tree.sinks.get(call.step.transform_id, [])]
@@ -161,6 +161,12 @@ class _Writer:
       self.line(indent, f'for {mw} in per_window({x}, {m}):')
       indent, m = indent + '  ', mw
     y, my = self.var('x'), (self.var('m') if meta else m)
+    if call.kind == chains.FLATTEN:
+      # Each input's elements as they are (a Flatten operation's).
+      self.count(out, indent, like=call.step.input_pcoll
+                 if len(call.step.inputs) == 1 else None)
+      self.emit(out, x, m, indent)
+      return
     if call.kind == chains.IDENTITY:
       if meta:
         self.line(indent, f'{my} = assign{i}({x}, {m})')
