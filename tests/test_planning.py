@@ -241,3 +241,34 @@ def test_another_sdks_merging_windows_are_refused_naming_the_grouping():
   # Sessions, which Python knows, are merged by the runner whatever the SDK.
   check_supported(_as_foreign_sdk(
       _proto(lambda p: _windowed_count(p, beam.window.Sessions(10)))))
+
+
+class _Timed(beam.DoFn):
+  FLUSH = userstate.TimerSpec('flush', userstate.TimeDomain.WATERMARK)
+
+  def process(self, kv, flush=beam.DoFn.TimerParam(FLUSH)):
+    flush.set(10)
+    yield kv
+
+  @userstate.on_timer(FLUSH)
+  def on_flush(self):
+    yield 'flushed'
+
+
+def test_a_stage_of_runner_transforms_runs_in_its_neighbours_sdk():
+  # A GroupByKey before a stateful DoFn: fusion leaves the group's read and
+  # write again as a stage of no environment.
+  def build(p):
+    (p | beam.Create([('a', 1)]) | beam.GroupByKey() | beam.ParDo(_Timed())
+     | beam.Map(str))
+  python_plan = plan_pipeline(_proto(build))
+  assert [s.environment_id for s in python_plan.stages if s.kind == 'sdk'
+          ].count('') == 1  # Python's: the embedded harness runs it
+  proto = _as_foreign_sdk(_proto(build))
+  for env in proto.components.environments.values():
+    env.urn = common_urns.environments.EXTERNAL.urn
+    env.capabilities.append(
+        'beam:version:sdk_base:apache/beam_java17_sdk:2.62.0')
+  plan = plan_pipeline(proto)
+  envs = {s.environment_id for s in plan.stages if s.kind == 'sdk'}
+  assert '' not in envs and len(envs) == 1

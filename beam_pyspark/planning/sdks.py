@@ -174,3 +174,31 @@ def stages_by_environment(plan) -> str:
        if env_id else f'runner {n}')
       for env_id, n in sorted(counts.items(), key=lambda kv: (not kv[0], kv[0]))]
   return 'stages by environment: ' + ', '.join(parts)
+
+
+def adopt_environments(stages, components) -> None:
+  """Stages fusion left without an environment (nothing but the runner's
+  data transforms: a GroupByKey's output read and written again for a
+  stateful stage that must start its own stage) run where their neighbours
+  run when that is another SDK's harness: the embedded Python harness,
+  which runs them otherwise, cannot build another SDK's coders (Java's
+  GroupByKey before a DoFn with timers failed so)."""
+  producers: dict[bytes, list] = {}
+  consumers: dict[bytes, list] = {}
+  for stage in stages:
+    for buffer_id in stage.outputs.values():
+      producers.setdefault(buffer_id, []).append(stage)
+    for buffer_id in stage.inputs.values():
+      consumers.setdefault(buffer_id, []).append(stage)
+  for stage in stages:
+    if stage.kind != 'sdk' or stage.environment_id:
+      continue
+    neighbours = [n for b in stage.outputs.values() for n in consumers.get(b, ())]
+    neighbours += [n for b in stage.inputs.values() for n in producers.get(b, ())]
+    for other in neighbours:
+      env = components.environments.get(other.environment_id)
+      if env is not None and sdk_of(env) != 'python':
+        # Its grouped input stays inline (planned without state-backed
+        # iterables, as for no environment).
+        stage.environment_id = other.environment_id
+        break
