@@ -202,3 +202,60 @@ def adopt_environments(stages, components) -> None:
         # iterables, as for no environment).
         stage.environment_id = other.environment_id
         break
+
+
+def normalized_trigger(trigger: beam_runner_api_pb2.Trigger
+                       ) -> beam_runner_api_pb2.Trigger:
+  """``trigger`` as Python's TriggerFn reads it. Java encodes
+  ``AfterProcessingTime.pastFirstElementInPane()`` with no timestamp
+  transform (no delay), where Python's decoder expects one: a zero delay
+  says the same."""
+  result = beam_runner_api_pb2.Trigger()
+  result.CopyFrom(trigger)
+  stack = [result]
+  while stack:
+    t = stack.pop()
+    kind = t.WhichOneof('trigger')
+    if kind == 'after_processing_time':
+      if not t.after_processing_time.timestamp_transforms:
+        t.after_processing_time.timestamp_transforms.add().delay.delay_millis = 0
+    if kind is not None:
+      stack.extend(_subtriggers(getattr(t, kind)))
+  return result
+
+
+def trigger_problem(trigger: beam_runner_api_pb2.Trigger) -> Optional[str]:
+  """Why the runner cannot run ``trigger`` (it decodes it with Python's
+  TriggerFn), or None."""
+  from apache_beam.transforms.trigger import TriggerFn  # pylint: disable=import-outside-toplevel
+  normal = normalized_trigger(trigger)
+  stack = [normal]
+  while stack:
+    t = stack.pop()
+    if t.WhichOneof('trigger') == 'after_processing_time':
+      transforms = t.after_processing_time.timestamp_transforms
+      if len(transforms) != 1 or transforms[0].WhichOneof(
+          'timestamp_transform') != 'delay':
+        return ('an AfterProcessingTime trigger with timestamp transforms '
+                'other than one delay (alignment is not supported)')
+    kind = t.WhichOneof('trigger')
+    if kind is not None:
+      stack.extend(_subtriggers(getattr(t, kind)))
+  try:
+    TriggerFn.from_runner_api(normal, None)
+  except Exception as exn:  # pylint: disable=broad-except
+    return f'a trigger Python cannot read ({type(exn).__name__}: {exn})'
+  return None
+
+
+def _subtriggers(message) -> list:
+  """The Trigger messages a trigger kind's message holds."""
+  found = []
+  for name, field in message.DESCRIPTOR.fields_by_name.items():
+    if (field.message_type is not None and field.message_type.full_name ==
+        beam_runner_api_pb2.Trigger.DESCRIPTOR.full_name):
+      if field.label == field.LABEL_REPEATED:
+        found.extend(getattr(message, name))
+      elif message.HasField(name):
+        found.append(getattr(message, name))
+  return found
