@@ -26,6 +26,7 @@ from apache_beam.utils import proto_utils
 from beam_pyspark.planning import reads
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import grouping_coders
+from beam_pyspark.planning.sdks import adopt_environments
 from beam_pyspark.planning.sdks import teststream_elements_nested
 
 DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
@@ -426,6 +427,7 @@ def plan_pipeline(
             environment_id=stage.environment or '',
             state_backed_iterables=paging))
 
+  adopt_environments(stage_plans, components)
   return ExecutionPlan(
       components=components.SerializeToString(),
       stages=_producers_first(stage_plans),
