@@ -1,9 +1,11 @@
 """Beam's synthetic records and the hand-written PySpark load tests.
 
 ``records`` makes the records Beam's ``SyntheticSource`` reads with its
-default ('builtin') generator, byte for byte (``_gen_kv_pair``: the
-generator seeded with the record's index, a hot key drawn from a second
-generator). The jobs below do by hand what Beam's load tests
+default ('builtin') generator, byte for byte, as its ``read`` does
+(``_gen_kv_pair``: the generator seeded with the record's index, a hot key
+drawn from a second generator; and ``time.sleep`` of the spec's delay per
+record, 0 here, which is a yield of the CPU: on a busy machine it costs
+wall time, in Beam's source and here alike). The jobs below do by hand what Beam's load tests
 (``apache_beam.testing.load_tests``) do, as a PySpark user would write
 them. This module imports no Beam: the hand-written jobs' Python workers
 import it (README, Benchmarks).
@@ -12,6 +14,7 @@ import it (README, Benchmarks).
 from __future__ import annotations
 
 import random
+import time
 from typing import Iterator
 
 
@@ -28,7 +31,9 @@ def records(spec: dict, start: int, stop: int) -> Iterator[tuple]:
   hot_fraction = spec.get('hot_key_fraction', 0)
   hot_keys = spec.get('num_hot_keys', 0)
   generator = _Random(None)
+  sleep = time.sleep
   for index in range(start, stop):
+    sleep(0)
     generator.seed(index)
     if generator.random_sample() < hot_fraction:
       hot = _Random(index % hot_keys)

@@ -32,9 +32,8 @@ import itertools
 from typing import Callable
 from typing import Optional
 
-from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
-
 from beam_pyspark.worker.fastpath import chain as chains
+from beam_pyspark.worker.fastpath import outputs
 from beam_pyspark.worker.fastpath.chain import Call
 
 # An element's outputs held back before they are committed anyway (a
@@ -242,78 +241,6 @@ class _Writer:
     self.emit(out, y, my, indent)
 
 
-def _slow(call: Call, meta: bool) -> Callable:
-  """A step's slow path for an output ``y`` of an element in meta ``m``:
-  ``[index,] value[, meta]`` as Beam's _OutputHandler would make them."""
-  tags = call.tags or (None, )
-  several = len(tags) > 1
-  window_fn = call.window_fn
-
-  def slow(y, m):
-    index = 0
-    if isinstance(y, chains.TaggedOutput):
-      tag = y.tag
-      if not isinstance(tag, str):
-        raise TypeError(f'In {call.step.name}, tag {tag} is not a string')
-      if several:
-        index = tags.index(tag) if tag in tags else -1
-      elif tag != tags[0]:
-        raise chains.SpecialOutput(f'an output to tag {tag!r}')
-      y = y.value
-    if isinstance(y, chains.WindowedValue):
-      wv = y
-      if len(m.windows) != 1:
-        wv.windows *= len(m.windows)
-    elif isinstance(y, chains.TimestampedValue):
-      wv = chains.WindowedValue(
-          y.value, y.timestamp,
-          window_fn.assign(window_fn.AssignContext(y.timestamp, y.value)))
-      if len(m.windows) != 1:
-        wv.windows *= len(m.windows)
-    else:
-      wv = None
-    if meta:
-      value, meta_ = (wv.value, wv) if wv is not None else (y, m)
-      return (index, value, meta_) if several else (value, meta_)
-    value = wv.value if wv is not None else y
-    return (index, value) if several else value
-
-  return slow
-
-
-def _assign(call: Call) -> Callable:
-  """WindowInto: Beam's WindowIntoDoFn (bundle_processor), an element of
-  one window at a time."""
-  windowing = call.windowing
-  window_fn = windowing.windowfn if windowing is not None else None
-
-  def assign(x, m):
-    if window_fn is None:  # WindowInto(GlobalWindows()) from the global
-      if m.pane_info is PANE_INFO_UNKNOWN or m.pane_info == PANE_INFO_UNKNOWN:
-        return m
-      return chains.WindowedValue(x, m.timestamp, m.windows)
-    if len(m.windows) != 1:
-      raise chains.SpecialOutput('an element in several windows')
-    windows = window_fn.assign(
-        window_fn.AssignContext(m.timestamp, element=x, window=m.windows[0]))
-    return chains.WindowedValue(x, m.timestamp, windows)
-
-  return assign
-
-
-def _per_window(x, m):
-  if len(m.windows) == 1:
-    return (m, )
-  return [chains.WindowedValue(x, m.timestamp, (w, )) for w in m.windows]
-
-
-def _bad_output(results):
-  raise TypeError(
-      'Returning a %s from a ParDo or FlatMap is not allowed. '
-      'Please use list(%r) if you really want this behavior.' %
-      (type(results).__name__, results))
-
-
 def _namespace(tree: Tree, names: dict, bound: list) -> dict:
   namespace = dict(names)
   for i, call in enumerate(tree.calls):
@@ -324,14 +251,14 @@ def _namespace(tree: Tree, names: dict, bound: list) -> dict:
         namespace[f'a{i}_{position}'] = arg
       if kwargs:
         namespace[f'kw{i}'] = kwargs
-      namespace[f'slow{i}'] = _slow(call, tree.meta)
+      namespace[f'slow{i}'] = outputs.slow(call, tree.meta)
     elif call.kind in (chains.ASSIGN, chains.IDENTITY):
-      namespace[f'assign{i}'] = _assign(call)
+      namespace[f'assign{i}'] = outputs.assign(call)
   namespace.update(
       Fallback=Fallback, CLEAN=CLEAN, UNCLEAN=UNCLEAN, SOURCE=SOURCE,
       SpecialOutput=chains.SpecialOutput, type=type, len=len, str=str,
       bytes=bytes, dict=dict, Exception=Exception, cap=SPILL_OUTPUTS,
-      bad_output=_bad_output, MISSING=chains.MISSING, per_window=_per_window)
+      bad_output=outputs.bad_output, MISSING=chains.MISSING, per_window=outputs.per_window)
   return namespace
 
 
@@ -475,34 +402,12 @@ def feed_functions(tree: Tree, names: dict, bound: list, tracker) -> dict:
       w.count(pcoll, '      ')
       w.emit(pcoll, 'x', 'm', '      ')
       w.line('      ', 'pass')
-    namespace[f'finish_output{i}'] = _finish_output(call)
+    namespace[f'finish_output{i}'] = outputs.finish_output(call)
     feed = _compile(f'feed{i}', '(items', w.lines, namespace, f'feed{i}')
     tracker.lines[feed.__code__] = {
         line: names[f's{c}'] for line, c in w.calls_at.items()}
     feeds[i] = feed
   return feeds
-
-
-def _finish_output(call: Call) -> Callable:
-  """Beam's _OutputHandler.finish_bundle_outputs, for one output."""
-  tags = call.tags or (None, )
-
-  def finish_output(item):
-    tag = None
-    if isinstance(item, chains.TaggedOutput):
-      tag, item = item.tag, item.value
-    if not isinstance(item, chains.WindowedValue):
-      raise RuntimeError('Finish Bundle should only output WindowedValue '
-                         f'type but got {type(item)}')
-    if tag is None or tag == chains.MAIN_TAG:
-      index = 0
-    elif tag in tags:
-      index = tags.index(tag)
-    else:
-      index = -1
-    return index, item.value, item
-
-  return finish_output
 
 
 def _compile(name: str, params: str, lines: list, namespace: dict,
