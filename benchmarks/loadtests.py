@@ -53,6 +53,18 @@ class LoadTest:
   options: dict  # the test's options (input sizes at scale 1)
   beams: str  # Beam's configuration it follows
 
+  @staticmethod
+  def source_spec(options: dict) -> dict:
+    """A SyntheticSource's spec from input options, as
+    LoadTest.parse_synthetic_source_options makes it."""
+    return {
+        'numRecords': options.get('num_records'),
+        'keySizeBytes': options.get('key_size'),
+        'valueSizeBytes': options.get('value_size'),
+        'hotKeyFraction': options.get('hot_key_fraction', 0),
+        'numHotKeys': options.get('num_hot_keys', 0),
+    }
+
 
 def _input(records: int, key: int, value: int, **more) -> dict:
   return dict(num_records=records, key_size=key, value_size=value, **more)
@@ -117,18 +129,21 @@ def _flags(options: dict) -> list[str]:
   return flags
 
 
-def run_load_test(test: LoadTest, options: dict, runner_flags: list) -> None:
+def run_load_test(test: LoadTest, options: dict, runner_flags: list):
   """Beam's test class, as its module's ``__main__`` runs it: its
-  options from ``--test-pipeline-options``."""
+  options from ``--test-pipeline-options``. Returns the test (its
+  ``result`` is the pipeline's)."""
   cls = getattr(importlib.import_module(
       f'apache_beam.testing.load_tests.{test.module}'), test.cls)
   argv = sys.argv
   sys.argv = [argv[0], '--test-pipeline-options=' + ' '.join(
       shlex.quote(f) for f in runner_flags + _flags(options))]
   try:
-    cls().run()
+    instance = cls()
+    instance.run()
   finally:
     sys.argv = argv
+  return instance
 
 
 class Bench:
