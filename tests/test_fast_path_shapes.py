@@ -277,3 +277,42 @@ def test_setup_once_per_instance_and_teardown_at_release(tmp_path):
   assert log.read_text().split() == ['setup']
   fastpath.harnesses.release_job(stage.job_id)
   assert log.read_text().split() == ['setup', 'teardown']
+
+
+def tag_500(kv):
+  return beam.pvalue.TaggedOutput('x', kv) if kv[1] == 500 else kv
+
+
+def test_a_fallback_amid_bundle_methods_runs_the_partition_on_the_harness():
+  # A tagged output of a single-output Map is the harness's to handle;
+  # Buffering's bundle cannot be ended early, and nothing has left the
+  # task: the partition runs again, whole, on the harness.
+  stage = Planned(lambda p: (
+      numbers()(p) | beam.ParDo(Buffering())
+      | beam.Map(tag_500).with_output_types(tuple[str, int])
+      | beam.CombinePerKey(sum)))
+  records, counts, user, error = stage.compare(fallback=True)
+  assert error is None and stage.fell_back.kind == 'unclean'
+  assert stage.last.handover.whole_on_harness and len(records) == 2
+
+
+def test_finish_bundle_outputs_keep_their_windows():
+  class Windowed(beam.DoFn):
+    """Outputs, at its bundle's end, one element per window it saw."""
+    def start_bundle(self):
+      self.seen = {}
+
+    def process(self, x, w=beam.DoFn.WindowParam):
+      self.seen[w] = self.seen.get(w, 0) + x
+      return []
+
+    def finish_bundle(self):
+      for w, total in sorted(self.seen.items(), key=lambda i: i[0].start):
+        yield WindowedValue(('total', total), w.max_timestamp(), [w])
+
+  stage = Planned(lambda p: (
+      numbers()(p) | beam.ParDo(Stamped())
+      | beam.WindowInto(window.FixedWindows(1000))
+      | beam.ParDo(Windowed()) | beam.GroupByKey()))
+  encoded, counts, _, error = stage.compare()
+  assert error is None and len(encoded) == 6

@@ -97,11 +97,13 @@ class Handover:
     its tables hold is output) and ``finish`` has the harness do the
     rest."""
     fast = self.fast
-    if fallback.cause is not None and not isinstance(
-        fallback.cause, chains.SpecialOutput):
-      self.failed = True
     if fallback.kind == chains.CLEAN and fast.instances.bundle_methods:
       fallback.kind = chains.UNCLEAN
+    # The user's code raised, or the loop's bundle ends unfinished: its
+    # DoFns go (torn down), as Beam discards a failed bundle's processor.
+    self.failed = fallback.kind != chains.CLEAN or (
+        fallback.cause is not None and
+        not isinstance(fallback.cause, chains.SpecialOutput))
     self.fallback = fallback
     if fallback.kind == chains.CLEAN:
       _LOGGER.info('%s continues on the SDK harness (%s)', fast.stage.name,
