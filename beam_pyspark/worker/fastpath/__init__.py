@@ -256,12 +256,11 @@ class FastStage:
     self.tree = codegen.Tree(
         calls=calls, root=spec.read_pcoll or spec.input_pcoll,
         sinks=tree_sinks, counts=counted, meta=meta,
-        metered=getattr(instances, 'metered', False))
+        metered=instances.metered)
     self.names = {
         'plain': _PLAIN, 'ready': self.ready, 'counts': self._counts,
         'special_record': _special_record,
-        'chk': instances.__dict__.setdefault(
-            'checks', [c.check_output for c in calls])}
+        'chk': instances.checks}
     for i, call in enumerate(calls):
       self.names[f's{i}'] = self._metrics.containers[call.step.transform_id]
     for sink in self.sinks:

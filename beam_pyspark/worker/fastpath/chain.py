@@ -362,6 +362,11 @@ class Instances:
     self.finishes = [c for c in calls if c.dofn is not None and (
         _overrides(c.dofn, 'finish_bundle'))]
     self.bundle_methods = bool(self.starts or self.finishes)
+    # Beam's check of a DoFn's first output, per instance (chain.Call).
+    self.checks = [c.check_output for c in calls]
+    # Whether the loop sets the metrics tracker's step before each call:
+    # once a metric was updated (worker.fastpath.metrics).
+    self.metered = False
 
   # -- the harness cache's interface --------------------------------------
 
