@@ -8,8 +8,9 @@ Each test is one of Beam's own (``apache_beam.testing.load_tests``: its
 ``SideInputTest`` classes, unchanged, reading Beam's ``SyntheticSource``),
 with the options of one of Beam's configurations
 (``.github/workflows/load-tests-pipeline-options/python_*``) at a size
-that fits two cores (``SIZES``, times ``--scale``; Beam's own run
-200 M records of 10 bytes, or 20 M of 100). It runs, in one process on one
+that fits two cores shared with others (``TESTS``, times ``--scale``:
+0.5-1 M records, where Beam's own run 200 M records of 10 bytes or 20 M
+of 100). It runs, in one process on one
 ``local[2]`` SparkContext, alternating from repeat to repeat:
 
 * ``ours``     the test on ``beam_pyspark.PySparkRunner``;
@@ -75,36 +76,36 @@ TESTS = {
         LoadTest('pardo_10_iterations', 'pardo_test', 'ParDoTest', 'pardo', {
             'iterations': 10, 'number_of_counters': 0,
             'number_of_counter_operations': 0,
-            'input_options': _input(1_000_000, 10, 90)},
+            'input_options': _input(500_000, 10, 90)},
                  'python_ParDo_*_Batch_10_Iterations (20 M records)'),
         LoadTest('pardo_10_counters', 'pardo_test', 'ParDoTest', 'pardo', {
             'iterations': 1, 'number_of_counters': 1,
             'number_of_counter_operations': 10,
-            'input_options': _input(1_000_000, 10, 90)},
+            'input_options': _input(500_000, 10, 90)},
                  'python_ParDo_*_Batch_10_Counters (20 M records)'),
         LoadTest('gbk_10b', 'group_by_key_test', 'GroupByKeyTest',
                  'group_by_key', {
                      'iterations': 1, 'fanout': 1,
-                     'input_options': _input(4_000_000, 1, 9)},
+                     'input_options': _input(1_000_000, 1, 9)},
                  'python_GBK_*_Batch_2GB_of_10B_records (200 M records)'),
         LoadTest('combine_10b', 'combine_test', 'CombineTest', 'combine', {
             'top_count': 20, 'fanout': 1,
-            'input_options': _input(4_000_000, 1, 9)},
+            'input_options': _input(1_000_000, 1, 9)},
                  'python_Combine_*_Batch_2GB_10_byte_records (200 M records)'),
         LoadTest('cogbk_multiple_keys', 'co_group_by_key_test',
                  'CoGroupByKeyTest', 'co_group_by_key', {
                      'iterations': 1,
-                     'input_options': _input(1_000_000, 10, 90, num_hot_keys=5,
+                     'input_options': _input(500_000, 10, 90, num_hot_keys=5,
                                              hot_key_fraction=1),
                      'co_input_options': _input(
-                         100_000, 10, 90, num_hot_keys=1000,
+                         50_000, 10, 90, num_hot_keys=1000,
                          hot_key_fraction=1)},
                  'python_CoGBK_*_Batch_100b_Multiple_Keys (20 M + 2 M)'),
         LoadTest('sideinput_dict_1pct', 'sideinput_test', 'SideInputTest',
                  'side_input', {
                      'side_input_type': 'dict', 'access_percentage': 1,
                      'window_count': 1,
-                     'input_options': _input(1_000_000, 10, 90)},
+                     'input_options': _input(500_000, 10, 90)},
                  'python_SideInput_*_Batch dict, 1% accessed'),
     ]
 }
@@ -222,7 +223,7 @@ def main(argv=None) -> None:
                       help='comma-separated, of: ' + ', '.join(TESTS))
   parser.add_argument('--variants', default=','.join(VARIANTS))
   parser.add_argument('--scale', type=float, default=1.0,
-                      help='times the records of SIZES (default 1)')
+                      help='times the records of TESTS (default 1)')
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--master', default='local[2]')
   parser.add_argument('--spark-parallelism', type=int, default=None)

@@ -1,14 +1,22 @@
-"""Beam's synthetic records and the hand-written PySpark load tests.
+"""Beam's synthetic records and Beam's load tests written by hand for
+PySpark.
 
 ``records`` makes the records Beam's ``SyntheticSource`` reads with its
 default ('builtin') generator, byte for byte, as its ``read`` does
 (``_gen_kv_pair``: the generator seeded with the record's index, a hot key
 drawn from a second generator; and ``time.sleep`` of the spec's delay per
 record, 0 here, which is a yield of the CPU: on a busy machine it costs
-wall time, in Beam's source and here alike). The jobs below do by hand what Beam's load tests
-(``apache_beam.testing.load_tests``) do, as a PySpark user would write
-them. This module imports no Beam: the hand-written jobs' Python workers
-import it (README, Benchmarks).
+wall and CPU time, in Beam's source and here alike).
+
+The jobs below are Beam's load tests (``apache_beam.testing.load_tests``)
+as a PySpark user would write them, each of the tests' ParDos a
+``flatMap`` of the same per-element code (their DoFns' ``process``
+bodies: ``MeasureTime``'s, ``CounterOperation``'s with Spark accumulators
+for Beam's counters, ``AssignTimestamps``' with the timestamp carried in
+the value), its GroupByKey ``groupByKey``, its CoGroupByKey ``cogroup``,
+its ``TopCombineFn`` ``top``, its dict side input a broadcast dict. This
+module imports no Beam: the hand-written jobs' Python workers import it
+(README, Benchmarks).
 """
 
 from __future__ import annotations
@@ -49,87 +57,100 @@ def source(sc, spec: dict):
   n = spec['num_records']
   parts = max(1, sc.defaultParallelism)
   ranges = [(n * i // parts, n * (i + 1) // parts) for i in range(parts)]
-  return sc.parallelize(ranges, parts).flatMap(
-      lambda r: records(spec, r[0], r[1]))
+  return sc.parallelize(ranges, parts).flatMap(_Records(spec))
+
+
+class _Records:
+  def __init__(self, spec: dict):
+    self.spec = spec
+
+  def __call__(self, bounds):
+    return records(self.spec, bounds[0], bounds[1])
+
+
+def measure_time(element):
+  """MeasureTime.process (its distribution is updated per bundle)."""
+  yield element
 
 
 class _CounterOperation:
-  """ParDoTest's CounterOperation: ``operations`` updates of each of
-  ``counters`` counters per element, kept per partition and added to
-  Spark accumulators at its end (a user would not update an accumulator
-  per element)."""
-  def __init__(self, accumulators, operations: int):
-    self.accumulators = accumulators
+  """ParDoTest's CounterOperation.process, Spark accumulators for Beam's
+  counters."""
+  def __init__(self, counters: list, operations: int):
+    self.counters = counters
     self.operations = operations
 
-  def __call__(self, items):
-    n = 0
-    for item in items:
-      n += 1
-      yield item
-    for accumulator in self.accumulators:
-      accumulator.add(n * self.operations)
-
-
-def pardo(sc, options: dict) -> None:
-  rdd = source(sc, options['input_options'])
-  counters = [sc.accumulator(0) for _ in range(options.get(
-      'number_of_counters', 0))]
-  for _ in range(options.get('iterations', 1)):
-    if counters:
-      rdd = rdd.mapPartitions(_CounterOperation(
-          counters, options.get('number_of_counter_operations', 0)))
-    else:
-      rdd = rdd.map(_identity)
-  rdd.foreach(_nothing)
-
-
-def _identity(x):
-  return x
+  def __call__(self, element):
+    for _ in range(self.operations):
+      for counter in self.counters:
+        counter.add(1)
+    yield element
 
 
 def _nothing(_):
   pass
 
 
-def ungroup_and_reiterate(element, iterations: int):
-  """GroupByKeyTest.ungroup_and_reiterate."""
+def pardo(sc, options: dict) -> None:
+  counters = [sc.accumulator(0) for _ in range(options.get(
+      'number_of_counters', 0))]
+  rdd = source(sc, options['input_options']).flatMap(measure_time)
+  for _ in range(options.get('iterations', 1)):
+    rdd = rdd.flatMap(_CounterOperation(
+        counters, options.get('number_of_counter_operations', 0)))
+  rdd.flatMap(measure_time).foreach(_nothing)
+
+
+def assign_timestamps(element):
+  """AssignTimestamps.process: the timestamp (micros) carried with the
+  value, which the grouping keeps with it."""
   key, value = element
-  for i in range(iterations):
-    for v in value:
-      if i == iterations - 1:
-        return key, v
-  return None
+  yield key, (value, int(time.time() * 1000000))
 
 
 class _Ungroup:
+  """GroupByKeyTest.ungroup_and_reiterate."""
   def __init__(self, iterations: int):
     self.iterations = iterations
 
   def __call__(self, element):
-    return ungroup_and_reiterate(element, self.iterations)
+    key, value = element
+    for i in range(self.iterations):
+      for v in value:
+        if i == self.iterations - 1:
+          return key, v
+    return None
+
+
+def measure_latency(element):
+  """MeasureLatency.process: the latency from the element's timestamp."""
+  _, (_, micros) = element
+  _ = int(time.time() * 1000) - micros // 1000
+  yield element
 
 
 def group_by_key(sc, options: dict) -> None:
-  rdd = source(sc, options['input_options'])
+  timestamped = source(sc, options['input_options']).flatMap(
+      measure_time).flatMap(assign_timestamps)
   fanout = options.get('fanout', 1)
   if fanout > 1:
-    rdd = rdd.cache()
+    timestamped = timestamped.cache()
   for _ in range(fanout):
-    rdd.groupByKey().map(_Ungroup(options.get('iterations', 1))).foreach(
-        _nothing)
-  rdd.unpersist()
+    (timestamped.groupByKey().map(_Ungroup(options.get('iterations', 1)))
+     .flatMap(measure_latency).flatMap(measure_time).foreach(_nothing))
+  timestamped.unpersist()
 
 
 def combine(sc, options: dict) -> None:
   """CombineTest: the top ``top_count`` records (TopCombineFn globally:
   the largest, compared as Python compares them)."""
-  rdd = source(sc, options['input_options'])
+  rdd = source(sc, options['input_options']).flatMap(measure_time)
   fanout = options.get('fanout', 1)
   if fanout > 1:
     rdd = rdd.cache()
   for _ in range(fanout):
-    rdd.top(options['top_count'])
+    sc.parallelize(rdd.top(options['top_count']), 1).flatMap(
+        measure_time).foreach(_nothing)
   rdd.unpersist()
 
 
@@ -150,10 +171,10 @@ class _UngroupBoth:
 
 
 def co_group_by_key(sc, options: dict) -> None:
-  pc1 = source(sc, options['input_options'])
-  pc2 = source(sc, options['co_input_options'])
-  pc1.cogroup(pc2).flatMap(_UngroupBoth(options.get('iterations', 1))
-                           ).foreach(_nothing)
+  pc1 = source(sc, options['input_options']).flatMap(measure_time)
+  pc2 = source(sc, options['co_input_options']).flatMap(measure_time)
+  (pc1.cogroup(pc2).flatMap(_UngroupBoth(options.get('iterations', 1)))
+   .flatMap(measure_time).foreach(_nothing))
 
 
 class _Access:
@@ -171,6 +192,7 @@ class _Access:
         break
       side[key]  # pylint: disable=pointless-statement
       i += 1
+    return []
 
 
 def side_input(sc, options: dict) -> None:
@@ -179,7 +201,8 @@ def side_input(sc, options: dict) -> None:
   side = sc.broadcast(dict(source(sc, spec).collect()))
   try:
     n = spec['num_records'] * options.get('access_percentage', 100) // 100
-    sc.parallelize([0], 1).foreach(_Access(side, n))
+    sc.parallelize([0], 1).flatMap(measure_time).flatMap(
+        _Access(side, n)).flatMap(measure_time).foreach(_nothing)
   finally:
     side.destroy()
 

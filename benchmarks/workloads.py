@@ -196,7 +196,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @contextlib.contextmanager
 def handwritten_pool(sc):
-  """Python workers for hand-written jobs, able to import ``benchmarks``."""
+  """Python workers for hand-written jobs, able to import ``benchmarks``.
+  The runner's release of a job's harnesses (a Spark job of its own, from
+  a thread) reads the environment as it starts: it is waited for first."""
+  from beam_pyspark.spark import release  # pylint: disable=import-outside-toplevel
+  release.wait_for_releases(30.0)
   env = sc.environment
   saved = {k: env.get(k) for k in (POOL_VARIABLE, 'PYTHONPATH')}
   env[POOL_VARIABLE] = 'hand-written'
