@@ -256,7 +256,7 @@ class FastStage:
     self.tree = codegen.Tree(
         calls=calls, root=spec.read_pcoll or spec.input_pcoll,
         sinks=tree_sinks, counts=counted, meta=meta,
-        metered=instances.metered)
+        metered=instances.metered, checks=instances.checks)
     self.names = {
         'plain': _PLAIN, 'ready': self.ready, 'counts': self._counts,
         'special_record': _special_record,

@@ -55,6 +55,9 @@ class Tree:
   counts: dict  # PCollection -> index in the task's counts
   meta: bool  # carry each output's timestamp, windows and pane
   metered: bool  # set the tracker's step before each call
+  # Per call, whether its instance's first output is still to be checked
+  # (chain.Instances.checks): once checked, the loop no longer asks.
+  checks: Optional[list] = None
 
   def consumers(self, pcoll: str) -> list:
     out = [('call', i) for i, c in enumerate(self.calls)
@@ -189,7 +192,7 @@ class _Writer:
       return
     r = self.var('r')
     self.line(indent, f'{r} = {invoke}', call=i)
-    if call.check_output:
+    if call.check_output and (tree.checks is None or tree.checks[i]):
       self.line(indent, f'if chk[{i}]:')
       self.line(indent, f'  chk[{i}] = False')
       self.line(indent, f'  if type({r}) in (str, bytes, dict):')
