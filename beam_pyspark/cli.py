@@ -66,6 +66,14 @@ def _job_server_parser(sub) -> None:
                  'Kubernetes sends SIGKILL 30 s after SIGTERM). Streaming jobs '
                  'stop at once, their checkpoints kept, and resume when the '
                  'server starts again on the same --artifacts-dir.')
+  p.add_argument('--environment-override', action='append', default=[],
+                 metavar='IMAGE_GLOB=SPEC',
+                 help='Run Docker environments whose image matches IMAGE_GLOB '
+                 'as SPEC: "process:COMMAND", "external:HOST:PORT" or '
+                 '"embedded" (Python images); repeatable. A job\'s own '
+                 '--environment_override comes first; Beam\'s own Java and Go '
+                 'images boot with "python -m beam_pyspark.boot java|go" and '
+                 'Python images run embedded unless one matches first.')
   p.add_argument('--max-staging-buffer-bytes', type=int,
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
@@ -106,7 +114,8 @@ def main(argv=None) -> int:
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,
             fully_qualified_name_glob=args.fully_qualified_name_glob,
             status_port=args.status_port,
-            status_cancel=args.status_cancel))
+            status_cancel=args.status_cancel,
+            environment_overrides=list(args.environment_override)))
   except ArtifactsDirInUseError as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1

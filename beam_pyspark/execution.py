@@ -37,6 +37,7 @@ from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
+from beam_pyspark.planning.sdks import stages_by_environment
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ class PipelineExecution:
         self._set_state(JobState.RUNNING)
       self.message(
           f'Running job {self.job_id}: {len(plan.stages)} stages on '
-          f'{engine.describe()}')
+          f'{engine.describe()}; {stages_by_environment(plan)}')
       links = self.links()
       if links:
         # One line where the job runs (the job server's log) and in the

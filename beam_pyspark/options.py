@@ -124,6 +124,16 @@ class PySparkRunnerOptions(PipelineOptions):
         'run in a micro-batch before the runner checkpoints it (default: '
         f'{DEFAULT_READ_SECS}).')
     parser.add_argument(
+        '--environment_override',
+        action='append',
+        default=None,
+        metavar='IMAGE_GLOB=SPEC',
+        help='Run the Docker environments whose image matches IMAGE_GLOB as '
+        'SPEC instead: "process:COMMAND", "external:HOST:PORT" or '
+        '"embedded" (Python images). Repeatable; before the job server\'s '
+        'own and the defaults for Beam\'s images (Java and Go boot with '
+        '"python -m beam_pyspark.boot java|go", Python runs embedded).')
+    parser.add_argument(
         '--no_fast_path',
         action='store_true',
         default=False,
@@ -196,6 +206,15 @@ def _flag(value: Any) -> bool:
   return value in (True, 'true', 'True', 1, '1')
 
 
+def _string_list(value: Any) -> list:
+  """A repeatable option as the Job API carries it: a list, or one string."""
+  if value in (None, ''):
+    return []
+  if isinstance(value, str):
+    return [value]
+  return [str(v) for v in value]
+
+
 def _optional_int(value: Any) -> Optional[int]:
   return None if value in (None, '') else int(value)
 
@@ -247,6 +266,8 @@ class RunnerOptions:
   progress: str = 'auto'
   # Batch stages of plain callables may skip the SDK harness (--no_fast_path).
   fast_path: bool = True
+  # IMAGE_GLOB=SPEC mappings for Docker environments (planning.environments).
+  environment_overrides: list = dataclasses.field(default_factory=list)
   # The job's pipeline options as the Job API carries them, handed as they
   # are to SDK harnesses that run in their own processes.
   job_options: Optional[dict] = None
@@ -283,7 +304,13 @@ class RunnerOptions:
                        _optional_int(opt('max_bytes_per_batch')),
                        opt('max_read_secs')),
         fast_path=not _flag(opt('no_fast_path')),
+        environment_overrides=cls.job_overrides(options),
         job_options=dict(options))
+
+  @staticmethod
+  def job_overrides(options: dict) -> list:
+    """A job's --environment_override values, from its Job API options."""
+    return _string_list(options.get('beam:option:environment_override:v1'))
 
   @classmethod
   def from_pipeline_options(cls, options: PipelineOptions) -> 'RunnerOptions':
@@ -313,6 +340,7 @@ class RunnerOptions:
         **_read_budget(ours.max_records_per_batch, ours.max_bytes_per_batch,
                        ours.max_read_secs),
         fast_path=not ours.no_fast_path,
+        environment_overrides=list(ours.environment_override or ()),
         job_options={
             f'beam:option:{name}:v1': value
             for name, value in options.get_all_options(

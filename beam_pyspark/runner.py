@@ -12,6 +12,7 @@ from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import runner
 from apache_beam.runners.portability.fn_api_runner.fn_runner import (
     group_by_key_input_visitor)
@@ -31,6 +32,8 @@ from beam_pyspark import options as options_module
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.options import misspelled_options
 from beam_pyspark.options import unknown_option_names
+from beam_pyspark.planning.environments import apply_overrides
+from beam_pyspark.planning.environments import parse_all as parse_overrides
 from beam_pyspark.sdk_dependencies import StagedDependencies
 from beam_pyspark.spark.session import console_progress_bar
 from beam_pyspark.spark.session import spark_context
@@ -127,10 +130,18 @@ class PySparkRunner(runner.PipelineRunner):
     if runner_options.status_port is not None:
       status_url = status_page(runner_options.status_port)
     job_name = options_module.job_name(runner_options.job_options)
+    # Docker environments (an expansion service's, say) run as the
+    # overrides say: executors have no Docker daemon.
+    pipeline = beam_runner_api_pb2.Pipeline.FromString(
+        pipeline.SerializeToString())
+    overridden = apply_overrides(
+        pipeline, parse_overrides(runner_options.environment_overrides))
     # Short ids, as before the registry: 'job-' and 12 hex digits.
     job = registry.prepare(
         job_name or 'job', pipeline, runner_options.job_options,
         job_id=f'{job_name or "job"}-{uuid.uuid4().hex[:12]}')
+    for note in overridden:
+      registry.note(job.job_id, note)
     client_log = _ClientLog()
     executions = []
 

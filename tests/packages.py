@@ -38,11 +38,19 @@ def write_wheel(
   }
   record = ''.join(f'{p},{_digest(d)},{len(d)}\n' for p, d in files.items())
   path = os.path.join(str(directory), f'{name}-{version}-py3-none-any.whl')
+  # A fixed time in every entry: the same wheel written in another second
+  # (another process under load) must be the same bytes, so the same
+  # staged dependency (test_concurrent_installs_on_one_host_install_once
+  # saw two installs when the processes' wheels differed in their times).
   with zipfile.ZipFile(path, 'w') as z:
     for p, d in files.items():
-      z.writestr(p, d)
-    z.writestr(f'{dist_info}/RECORD', record + f'{dist_info}/RECORD,,\n')
+      z.writestr(zipfile.ZipInfo(p, date_time=_FIXED_TIME), d)
+    z.writestr(zipfile.ZipInfo(f'{dist_info}/RECORD', date_time=_FIXED_TIME),
+               record + f'{dist_info}/RECORD,,\n')
   return path
+
+
+_FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 
 def _setup_py(name: str, version: str) -> str:

@@ -688,9 +688,15 @@ def test_protocol_state_machine():
   ]
   assert protocol.receive(chunk(b'34')) == [staging_module.FetchChunk(b'34')]
   out = protocol.receive(chunk(b'', last=True))
-  # e2 has no dependencies: straight on to e3.
+  # e2 has no dependencies, and is asked about all the same: a client may
+  # wait for its request (Beam's TypeScript client does).
   assert out[0] == staging_module.EndFetch()
-  assert list(out[1].request.resolve_artifact.artifacts) == [fetch]
+  assert list(out[1].request.resolve_artifact.artifacts) == []
+  out = protocol.receive(
+      beam_artifact_api_pb2.ArtifactResponseWrapper(
+          resolve_artifact_response=beam_artifact_api_pb2.
+          ResolveArtifactsResponse()))
+  assert list(out[0].request.resolve_artifact.artifacts) == [fetch]
 
   # Chunks where a resolve answer is due break the protocol.
   with pytest.raises(staging_module.ProtocolError, match='resolving'):
@@ -698,10 +704,20 @@ def test_protocol_state_machine():
   assert protocol.phase is Phase.FAILED
 
 
-def test_protocol_with_nothing_to_stage_finishes_at_once():
+def test_protocol_asks_about_an_environment_with_nothing_to_stage():
   protocol = staging_module.StagingProtocol('tok', {'env': []})
-  assert protocol.start() == [staging_module.Finished()]
+  [request] = protocol.start()
+  assert list(request.request.resolve_artifact.artifacts) == []
+  assert protocol.receive(
+      beam_artifact_api_pb2.ArtifactResponseWrapper(
+          resolve_artifact_response=beam_artifact_api_pb2.
+          ResolveArtifactsResponse())) == [staging_module.Finished()]
   assert protocol.phase is staging_module.Phase.FINISHED
+
+
+def test_protocol_with_no_environment_finishes_at_once():
+  protocol = staging_module.StagingProtocol('tok', {})
+  assert protocol.start() == [staging_module.Finished()]
 
 
 # -- Restarts: manifests and recovery -----------------------------------------

@@ -5,6 +5,7 @@ import sys
 import apache_beam as beam
 import pytest
 from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms import environments
@@ -122,3 +123,121 @@ def test_unsupported_items_are_all_listed_at_once():
 
 def test_supported_pipeline_passes_validation():
   check_supported(_proto(lambda p: p | beam.Create([1]) | beam.Map(str)))
+
+
+# -- Pipelines of other SDKs: what the runner may know of their coders -------
+
+_FOREIGN_CODER = 'beam:coder:genericobjectjs:v1'  # TypeScript's own coder
+
+
+def _as_foreign_sdk(proto, merge_status=None, window_fn_urn=None):
+  """``proto`` as another SDK would send it: its element coders are the
+  SDK's own (a URN Python does not know), its environment lists only model
+  coders in its capabilities (no state-backed iterables)."""
+  for coder in proto.components.coders.values():
+    if coder.spec.urn in (common_urns.coders.STRING_UTF8.urn,
+                          common_urns.coders.VARINT.urn,
+                          'beam:coder:pickled_python:v1',
+                          'beam:coders:deterministic_pickled_python:v1'):
+      coder.spec.urn = _FOREIGN_CODER
+      coder.spec.payload = b''
+  for env in proto.components.environments.values():
+    del env.capabilities[:]
+    env.capabilities.extend([common_urns.coders.BYTES.urn,
+                             common_urns.coders.KV.urn])
+  for ws in proto.components.windowing_strategies.values():
+    if ws.window_fn.urn != common_urns.global_windows.urn:
+      if merge_status is not None:
+        ws.merge_status = merge_status
+      if window_fn_urn is not None:
+        ws.window_fn.urn = window_fn_urn
+        ws.window_fn.payload = b'opaque'
+  return proto
+
+
+def _windowed_count(p, window_fn):
+  (p | beam.Create([('a', 1)]) | beam.WindowInto(window_fn)
+   | beam.GroupByKey() | beam.Map(str))
+
+
+def test_a_foreign_sdks_coders_are_opaque_bytes_to_the_runner():
+  proto = _as_foreign_sdk(_proto(
+      lambda p: _windowed_count(p, beam.window.FixedWindows(10))))
+  check_supported(proto)  # no coder is refused: they travel as bytes
+  plan = plan_pipeline(proto)
+  (spec,) = plan.groups.values()
+  components = beam_runner_api_pb2.Components.FromString(plan.components)
+
+  def urns(coder_id):
+    coder = components.coders[coder_id]
+    yield coder.spec.urn
+    for c in coder.component_coder_ids:
+      yield from urns(c)
+
+  # The windowed grouping decodes keys and values with the runner-safe
+  # coder (bytes in place of the SDK's coder), windows as interval windows
+  # (the environment does not list them, so they travel as Beam's
+  # timestamp-prefixed custom window; Python knows what is inside).
+  assert _FOREIGN_CODER not in set(urns(spec.input_coder_id))
+  assert common_urns.coders.INTERVAL_WINDOW.urn in set(urns(
+      spec.input_coder_id))
+  assert not spec.opaque_windows
+  # No state-backed iterables for an environment that does not list them:
+  # the grouped values reach its harness inline.
+  readers = [s for s in plan.stages if spec.buffer_id in s.inputs.values()]
+  assert readers and not any(s.state_backed_iterables for s in readers)
+  for stage in readers:
+    descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+        stage.descriptor)
+    assert common_urns.coders.STATE_BACKED_ITERABLE.urn not in {
+        c.spec.urn for c in descriptor.coders.values()}
+
+
+def test_a_python_environment_gets_state_backed_groups():
+  plan = plan_pipeline(_proto(
+      lambda p: _windowed_count(p, beam.window.FixedWindows(10))))
+  (spec,) = plan.groups.values()
+  readers = [s for s in plan.stages if spec.buffer_id in s.inputs.values()]
+  assert readers and all(s.state_backed_iterables for s in readers)
+
+
+def test_custom_windows_decode_as_python_or_as_opaque_windows():
+  class _Custom(beam.window.NonMergingWindowFn):
+    def assign(self, context):
+      return [beam.window.IntervalWindow(0, 10)]
+
+    def get_window_coder(self):
+      return beam.coders.coders.DeterministicFastPrimitivesCoder(
+          beam.coders.PickleCoder(), 'custom window')
+
+  # A Python pipeline's custom windows: decoded with Python's own coder.
+  plan = plan_pipeline(_proto(lambda p: _windowed_count(p, _Custom())))
+  (spec,) = plan.groups.values()
+  assert spec.input_coder_id != spec.safe_input_coder_id
+  assert not spec.opaque_windows
+  # Another SDK's custom non-merging windows: opaque to the runner, which
+  # groups them by their bytes and max timestamp.
+  proto = _as_foreign_sdk(
+      _proto(lambda p: _windowed_count(p, _Custom())),
+      window_fn_urn='beam:window_fn:serialized_java:v1')
+  for coder in proto.components.coders.values():
+    if coder.spec.urn == 'beam:coder:pickled_python:v1':
+      coder.spec.urn = 'beam:coders:javasdk:0.1'
+  check_supported(proto)
+  (spec,) = plan_pipeline(proto).groups.values()
+  assert spec.input_coder_id == spec.safe_input_coder_id
+  assert spec.opaque_windows
+
+
+def test_another_sdks_merging_windows_are_refused_naming_the_grouping():
+  proto = _as_foreign_sdk(
+      _proto(lambda p: _windowed_count(p, beam.window.Sessions(10))),
+      merge_status=beam_runner_api_pb2.MergeStatus.NEEDS_MERGE,
+      window_fn_urn='beam:window_fn:serialized_java:v1')
+  with pytest.raises(UnsupportedPipelineError) as info:
+    check_supported(proto)
+  assert any('serialized_java' in r and 'GroupByKey' in r
+             for r in info.value.reasons)
+  # Sessions, which Python knows, are merged by the runner whatever the SDK.
+  check_supported(_as_foreign_sdk(
+      _proto(lambda p: _windowed_count(p, beam.window.Sessions(10)))))

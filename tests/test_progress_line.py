@@ -112,9 +112,12 @@ from status_jobs import Slow
 options = PipelineOptions(['--runner=beam_pyspark.PySparkRunner',
     '--spark_master_url=local[2]', '--spark_parallelism=4', '--status_port=0',
     '--job_name=tty', '--progress=auto'])
+# Four tasks of 3 s on two cores: two waves, so the line (redrawn each
+# second) shows the task count change even on a loaded machine (with 0.6 s
+# an element it once showed only one count before the stage ended).
 with beam.Pipeline(options=options) as p:
   _ = (p | beam.Create(list(range(8))) | beam.Reshuffle()
-       | 'Slowly' >> beam.ParDo(Slow(0.6)))
+       | 'Slowly' >> beam.ParDo(Slow(1.5)))
 print('program ends', flush=True)
 '''
 

@@ -114,14 +114,15 @@ class StagingProtocol:
   ``start()`` and ``receive(response)`` return the instructions for the
   stream to carry out; ``index`` in them is the artifact's position in its
   environment's resolved list, so the rewritten dependencies keep the
-  client's order. Environments without dependencies are not asked about.
+  client's order. Every environment is asked about, also one without
+  dependencies: a client may wait for its environment's resolve request
+  before it ends the stream (Beam's TypeScript client waits for ever).
   """
   def __init__(self, staging_token: str, dependency_sets: DependencySets):
     self.staging_token = staging_token
     self.phase = Phase.START
     self._dependency_sets = dependency_sets
-    self._environments = collections.deque(
-        env for env, deps in dependency_sets.items() if deps)
+    self._environments = collections.deque(dependency_sets)
     self._environment: Optional[str] = None
     # Artifacts whose get request is out, in the order the client answers.
     self._pending: collections.deque[tuple[int, ArtifactInformation]] = (

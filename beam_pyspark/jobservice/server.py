@@ -21,6 +21,7 @@ from beam_pyspark.jobservice.recovery import StreamingRecovery
 from beam_pyspark.jobservice.service import DEFAULT_MAX_INVOCATION_HISTORY
 from beam_pyspark.jobservice.service import JobService
 from beam_pyspark.jobservice.store import JobStore
+from beam_pyspark.planning.environments import parse_all as parse_overrides
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class JobServerConfig:
   status_port: Optional[int] = None
   # Whether the status page may cancel jobs (Flink's web.cancel.enable).
   status_cancel: bool = True
+  # IMAGE_GLOB=SPEC for Docker environments (planning.environments).
+  environment_overrides: list = dataclasses.field(default_factory=list)
 
 
 def expansion_options():
@@ -168,7 +171,8 @@ class JobServer:
         store=self.store,
         max_invocation_history=config.max_invocation_history,
         spark_master=config.spark_master_url,
-        recovery=self.checkpoints)
+        recovery=self.checkpoints,
+        environment_overrides=parse_overrides(config.environment_overrides))
     self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)

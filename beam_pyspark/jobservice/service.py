@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 from typing import Optional
+from typing import Sequence
 
 import grpc
 from apache_beam.portability import common_urns
@@ -36,9 +37,13 @@ from beam_pyspark.jobservice.recovery import StreamingRecovery
 from beam_pyspark.jobservice.store import JobStore
 from beam_pyspark import options as options_module
 from beam_pyspark.options import ignored_by_job_server
+from beam_pyspark.options import RunnerOptions
 from beam_pyspark.options import runner_options
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
+from beam_pyspark.planning.environments import EnvironmentOverride
+from beam_pyspark.planning.environments import apply_overrides
+from beam_pyspark.planning.environments import parse_all as parse_overrides
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -154,8 +159,10 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       store: Optional[JobStore] = None,
       max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY,
       spark_master: str = '',
-      recovery: Optional[StreamingRecovery] = None):
+      recovery: Optional[StreamingRecovery] = None,
+      environment_overrides: Sequence[EnvironmentOverride] = ()):
     self._staging = staging
+    self._environment_overrides = list(environment_overrides)
     self._staging_endpoint = staging_endpoint
     self._spark_master = spark_master
     self.registry = JobRegistry(
@@ -190,12 +197,21 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
     # Beam's Python client always sends job_name='job'; the user's
     # --job_name travels in the options.
     job_name = options_module.job_name(options) or request.job_name or 'job'
+    pipeline = beam_runner_api_pb2.Pipeline()
+    pipeline.CopyFrom(request.pipeline)
     try:
-      check_supported(request.pipeline)
+      overridden = apply_overrides(
+          pipeline,
+          parse_overrides(RunnerOptions.job_overrides(options)) +
+          self._environment_overrides)
+    except ValueError as exn:
+      raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
+    try:
+      check_supported(pipeline)
     except UnsupportedPipelineError as exn:
       raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
     try:
-      plan_pipeline(request.pipeline)  # a malformed pipeline fails here
+      plan_pipeline(pipeline)  # a malformed pipeline fails here
     except Exception as exn:  # pylint: disable=broad-except
       raise Refusal(
           grpc.StatusCode.INVALID_ARGUMENT,
@@ -208,14 +224,14 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
           f'The pipeline options of job {job_name[:80]!r} take {size} bytes; '
           f'at most {MAX_OPTIONS_BYTES} are accepted.')
     try:
-      job = self.registry.prepare(job_name, request.pipeline, options)
+      job = self.registry.prepare(job_name, pipeline, options)
     except ValueError as exn:
       raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
-    for note in ignored_by_job_server(options, self._spark_master):
+    for note in overridden + ignored_by_job_server(options,
+                                                   self._spark_master):
       self.registry.note(job.job_id, note)
     if self._staging is not None:
-      self._staging.register_job(
-          job.staging_token, dependencies(request.pipeline))
+      self._staging.register_job(job.staging_token, dependencies(pipeline))
     return beam_job_api_pb2.PrepareJobResponse(
         preparation_id=job.job_id,
         artifact_staging_endpoint=endpoints_pb2.ApiServiceDescriptor(

@@ -24,6 +24,8 @@ from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 
 from beam_pyspark.planning import reads
+from beam_pyspark.planning.sdks import accepts_state_backed_iterables
+from beam_pyspark.planning.sdks import grouping_coders
 
 DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
 DATA_OUTPUT_URN = bundle_processor.DATA_OUTPUT_URN
@@ -102,11 +104,14 @@ class GroupSpec:
   # Runner-safe coders: keys and values stay opaque bytes where possible.
   safe_input_coder_id: str
   safe_output_coder_id: str
-  # The SDK's data channel coders, for windowing that must see real windows.
+  # What a windowing other than the default decodes with: the runner-safe
+  # coders' elements and the SDK's windows where Python knows their coder,
+  # else opaque windows (planning.sdks.grouping_coders).
   input_coder_id: str
   output_coder_id: str
   windowing_strategy_id: str
   default_windowing: bool
+  opaque_windows: bool = False
 
 
 @dataclasses.dataclass
@@ -130,6 +135,10 @@ class StagePlan:
   transform_names: list[str] = dataclasses.field(default_factory=list)
   # The environment whose harness runs the stage ('' for none).
   environment_id: str = ''
+  # Whether that environment decodes state-backed iterables (it lists the
+  # coder in its capabilities): only then may a grouping send a large
+  # group's values in pages over the state API; else every value inline.
+  state_backed_iterables: bool = False
   # 'read' stages: the ReadPayload of the bounded source to split;
   # 'teststream' stages: the TestStreamPayload.
   read_payload: bytes = b''
@@ -266,6 +275,7 @@ def plan_pipeline(
   stage_plans = []
   groups: dict[bytes, GroupSpec] = {}
   for stage in stages:
+    paging = accepts_state_backed_iterables(components, stage.environment)
     inputs, outputs, input_coders, output_coders = {}, {}, {}, {}
     transforms = {}
     reshuffle = None
@@ -278,7 +288,7 @@ def plan_pipeline(
         inputs[t.unique_name] = t.spec.payload
         input_coders[t.unique_name] = safe_coder(channel[pcoll])
         port_coder = channel[pcoll]
-        if (t.spec.payload != IMPULSE_BUFFER and
+        if (paging and t.spec.payload != IMPULSE_BUFFER and
             tr.split_buffer_id(t.spec.payload)[0] == 'group'):
           # Grouped values may come as a state-backed iterable: the first
           # values inline, the rest in pages over the state API
@@ -406,7 +416,8 @@ def plan_pipeline(
             timers=timers,
             stateful=stage.is_stateful(),
             transform_names=[t.unique_name for t in stage.transforms],
-            environment_id=stage.environment or ''))
+            environment_id=stage.environment or '',
+            state_backed_iterables=paging))
 
   return ExecutionPlan(
       components=components.SerializeToString(),
@@ -458,17 +469,22 @@ def _group_spec(buffer_id: bytes, gbk_transform_id: str, context) -> GroupSpec:
   output_pcoll = tr.only_element(list(transform.outputs.values()))
   in_coder = context.data_channel_coders[input_pcoll]
   out_coder = context.data_channel_coders[output_pcoll]
+  safe_in = context.safe_coders.get(in_coder, in_coder)
+  safe_out = context.safe_coders.get(out_coder, out_coder)
   ws_id = components.pcollections[input_pcoll].windowing_strategy_id
+  ws = components.windowing_strategies[ws_id]
+  in_windowed, opaque = grouping_coders(context, in_coder, safe_in)
+  out_windowed, _ = grouping_coders(context, out_coder, safe_out)
   return GroupSpec(
       buffer_id=buffer_id,
       transform_name=transform.unique_name,
-      safe_input_coder_id=context.safe_coders.get(in_coder, in_coder),
-      safe_output_coder_id=context.safe_coders.get(out_coder, out_coder),
-      input_coder_id=in_coder,
-      output_coder_id=out_coder,
+      safe_input_coder_id=safe_in,
+      safe_output_coder_id=safe_out,
+      input_coder_id=in_windowed,
+      output_coder_id=out_windowed,
       windowing_strategy_id=ws_id,
-      default_windowing=is_default_windowing(
-          components.windowing_strategies[ws_id]))
+      default_windowing=is_default_windowing(ws),
+      opaque_windows=opaque)
 
 
 def is_default_windowing(ws: beam_runner_api_pb2.WindowingStrategy) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from apache_beam.coders import coders as beam_coders
 from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -18,6 +17,7 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 from apache_beam.utils import proto_utils
 
 from beam_pyspark.errors import UnsupportedPipelineError
+from beam_pyspark.planning import sdks
 
 SUPPORTED_REQUIREMENTS = frozenset([
     common_urns.requirements.REQUIRES_STATEFUL_PROCESSING.urn,
@@ -65,6 +65,19 @@ def unsupported_reasons(
       reasons.append(f'pipeline requirement {requirement} is not supported')
 
   for env_id, env in components.environments.items():
+    if env.urn == common_urns.environments.DOCKER.urn:
+      image = beam_runner_api_pb2.DockerPayload.FromString(
+          env.payload).container_image
+      reasons.append(
+          f'environment {env_id!r} ({env.urn}) is Docker image {image!r}, '
+          'and Spark executors have no Docker daemon: map the image to a '
+          'process or '
+          'a worker pool, e.g. --environment-override '
+          f'\'{image or "IMAGE"}=process:COMMAND\' (job server) or '
+          '--environment_override (pipeline option), or submit with '
+          '--environment_type=LOOPBACK, PROCESS or (Python) '
+          f'{python_urns.EMBEDDED_PYTHON}')
+      continue
     if not _env_ok(env, supported_environments):
       reasons.append(
           f'environment {env_id!r} ({env.urn}) is not supported; '
@@ -85,19 +98,22 @@ def unsupported_reasons(
             f'environment {env_id!r} is EXTERNAL without a worker pool '
             'address: pass --environment_config=HOST:PORT')
 
-  known_coder_urns = set(beam_coders.Coder._known_urns) | set(
-      tr.TransformContext._REQUIRED_CODER_URNS)
-  for coder_id, coder in components.coders.items():
-    if coder.spec.urn not in known_coder_urns:
-      reasons.append(
-          f'coder {coder_id!r} has URN {coder.spec.urn}, which the Python '
-          'SDK does not know')
-
+  # Coders: any SDK's coders travel length-prefixed as opaque bytes (Beam's
+  # TransformContext wraps them); the runner decodes only model coders. What
+  # it cannot do without the SDK is merge windows of a WindowFn that Python
+  # does not know.
   for ws_id, ws in components.windowing_strategies.items():
-    if ws.merge_status == beam_runner_api_pb2.MergeStatus.ALREADY_MERGED:
+    if (ws.merge_status == beam_runner_api_pb2.MergeStatus.NEEDS_MERGE and
+        not (sdks.python_knows_window_fn(ws.window_fn.urn) and
+             sdks.python_knows_coder(components, ws.window_coder_id)) and
+        _grouped(pipeline, ws_id)):
       reasons.append(
-          f'windowing strategy {ws_id!r} is already merged, which batch '
-          'grouping cannot honour')
+          f'windowing strategy {ws_id!r} merges windows with '
+          f'{ws.window_fn.urn} (window coder '
+          f'{components.coders[ws.window_coder_id].spec.urn}), which only '
+          f'its SDK knows, and {_grouped(pipeline, ws_id)!r} groups them: '
+          'the runner merges windows of the WindowFns and window coders '
+          'Python knows (sessions among them)')
 
   test_streams: list[str] = []
   structure = _structure_reasons(pipeline)
@@ -170,6 +186,18 @@ def concrete_environment(
     return env
   rank = {urn: i for i, urn in enumerate(PREFERRED_ENVIRONMENTS)}
   return min(candidates, key=lambda e: rank.get(e.urn, len(rank)))
+
+
+def _grouped(pipeline: beam_runner_api_pb2.Pipeline, ws_id: str) -> str:
+  """The name of a GroupByKey whose input has windowing ``ws_id``."""
+  components = pipeline.components
+  for transform in components.transforms.values():
+    if transform.spec.urn != common_urns.primitives.GROUP_BY_KEY.urn:
+      continue
+    for pcoll in transform.inputs.values():
+      if components.pcollections[pcoll].windowing_strategy_id == ws_id:
+        return transform.unique_name
+  return ''
 
 
 def _env_ok(env, supported) -> bool:

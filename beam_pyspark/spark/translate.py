@@ -439,8 +439,8 @@ class SparkPipelineJob:
       return False
     consumers = self._consumers.get(buffer_id, ())
     return bool(consumers) and all(
-        c.kind == 'sdk' and not c.stateful and not self._may_split(c)
-        for c in consumers)
+        c.kind == 'sdk' and c.state_backed_iterables and not c.stateful and
+        not self._may_split(c) for c in consumers)
 
   def _collect(self, buffer_id: bytes) -> list[bytes]:
     chunks = self._side_chunks.get(buffer_id)

@@ -20,6 +20,7 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning.sdks import describe_environment
 
 NODE_WIDTH = 260
 LINE_HEIGHT = 15
@@ -69,10 +70,18 @@ def plan_graph(plan: ExecutionPlan,
   metric), shown on the edges that carry it.
   """
   counts = element_counts or {}
-  titles = {'sdk': '', 'read': ' (split source)', 'reshuffle': ' (reshuffle)'}
+  titles = {'read': ' (split source)', 'reshuffle': ' (reshuffle)'}
+  components = beam_runner_api_pb2.Components.FromString(plan.components)
+
+  def title(i, stage):
+    if stage.kind == 'sdk':  # where its harness runs, e.g. "java, process"
+      return (f'Stage {i + 1} '
+              f'({describe_environment(components, stage.environment_id)})')
+    return f'Stage {i + 1}{titles.get(stage.kind, "")}'
+
   nodes = [
-      Node(node_id=s.name, title=f'Stage {i + 1}{titles.get(s.kind, "")}',
-           kind=s.kind, transforms=user_transform_names(s.transform_names))
+      Node(node_id=s.name, title=title(i, s), kind=s.kind,
+           transforms=user_transform_names(s.transform_names))
       for i, s in enumerate(plan.stages)
   ]
   producers = plan.producers()

@@ -5,8 +5,14 @@ from __future__ import annotations
 import collections
 import threading
 
+from apache_beam.coders import coders
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
+from apache_beam.transforms import core
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Duration
+
+from beam_pyspark.planning.sdks import python_knows_window_fn
 
 _MAX_JOBS = 8
 _lock = threading.Lock()
@@ -31,12 +37,67 @@ class JobRuntime:
       impl = self._impls[coder_id] = self.context.coders[coder_id].get_impl()
     return impl
 
-  def windowing(self, windowing_strategy_id: str):
-    w = self._windowings.get(windowing_strategy_id)
+  def windowing(self, windowing_strategy_id: str,
+                opaque_windows: bool = False):
+    """The strategy's Windowing; a stand-in WindowFn where the runner sees
+    the windows as opaque (``opaque_windows``), does not know the WindowFn
+    (another SDK's), or must not merge again (already merged)."""
+    key = (windowing_strategy_id, opaque_windows)
+    w = self._windowings.get(key)
     if w is None:
-      w = self._windowings[windowing_strategy_id] = (
-          self.context.windowing_strategies[windowing_strategy_id])
+      proto = self.components.windowing_strategies[windowing_strategy_id]
+      if (not opaque_windows and python_knows_window_fn(proto.window_fn.urn)
+          and proto.merge_status !=
+          beam_runner_api_pb2.MergeStatus.ALREADY_MERGED):
+        w = self.context.windowing_strategies[windowing_strategy_id]
+      else:
+        w = opaque_windowing(proto, self.context)
+      self._windowings[key] = w
     return w
+
+
+class OpaqueWindowFn(window.NonMergingWindowFn):
+  """Another SDK's non-merging WindowFn, as the runner sees it.
+
+  The runner never assigns windows (the SDK did, upstream); grouping only
+  compares windows, which the runner-safe coder decodes as their max
+  timestamp and their encoded bytes (Beam's timestamp-prefixed custom
+  window), and asks for their end.
+  """
+  def __init__(self, urn: str):
+    self.urn = urn
+
+  def assign(self, assign_context):
+    raise NotImplementedError(
+        f'The runner cannot assign windows of {self.urn}; the SDK does.')
+
+  def get_window_coder(self):
+    return coders.TimestampPrefixingOpaqueWindowCoder()
+
+  def __eq__(self, other):
+    return type(self) is type(other) and self.urn == other.urn
+
+  def __hash__(self):
+    return hash((type(self), self.urn))
+
+
+def opaque_windowing(proto, context) -> core.Windowing:
+  """The windowing of a strategy whose WindowFn only its SDK knows, or
+  whose windows are already merged (Java's GroupByKey marks its output so
+  after merging windows: grouping it again must not merge them again)."""
+  if proto.merge_status not in (beam_runner_api_pb2.MergeStatus.NON_MERGING,
+                                beam_runner_api_pb2.MergeStatus.ALREADY_MERGED):
+    raise ValueError(
+        f'The WindowFn {proto.window_fn.urn} merges windows, which only its '
+        'SDK can do; the runner runs merging WindowFns that Python knows '
+        '(sessions among them).')
+  from apache_beam.transforms.trigger import TriggerFn  # pylint: disable=import-outside-toplevel
+  return core.Windowing(
+      windowfn=OpaqueWindowFn(proto.window_fn.urn),
+      triggerfn=TriggerFn.from_runner_api(proto.trigger, context),
+      accumulation_mode=proto.accumulation_mode,
+      timestamp_combiner=proto.output_time,
+      allowed_lateness=Duration(micros=proto.allowed_lateness * 1000))
 
 
 def job_runtime(job_id: str, components: bytes) -> JobRuntime:

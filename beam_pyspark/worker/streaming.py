@@ -101,7 +101,7 @@ def group_stream(runtime: JobRuntime, spec: GroupSpec, node: str,
   (key, trigger state) pickled; a wave rewrites the keys it touched."""
   in_impl = runtime.coder_impl(spec.input_coder_id)
   out_impl = runtime.coder_impl(spec.output_coder_id)
-  grouper = KeyedGrouper(runtime.windowing(spec.windowing_strategy_id))
+  grouper = KeyedGrouper(runtime.windowing(spec.windowing_strategy_id, spec.opaque_windows))
   entries, decoded = store.load()
   if decoded is None:
     keys: dict[bytes, object] = {}

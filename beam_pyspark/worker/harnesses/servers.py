@@ -81,6 +81,10 @@ class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
     env['PYTHONPATH'] = os.pathsep.join(
         [p for p in sys.path if p] +
         [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    # "python" in a command is this worker's own interpreter, the one with
+    # the runner (python -m beam_pyspark.boot ...).
+    env['PATH'] = os.pathsep.join(
+        [os.path.dirname(sys.executable), env.get('PATH', '')])
     env.update(self._payload.env)
     env.update(
         CONTROL_API_SERVICE_DESCRIPTOR=text_format.MessageToString(control),

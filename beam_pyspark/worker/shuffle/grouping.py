@@ -82,7 +82,7 @@ def group_values(
         inline_bytes if paged else None, stats))
   in_impl = runtime.coder_impl(spec.input_coder_id)
   out_impl = runtime.coder_impl(spec.output_coder_id)
-  windowing = runtime.windowing(spec.windowing_strategy_id)
+  windowing = runtime.windowing(spec.windowing_strategy_id, spec.opaque_windows)
 
   def windowed_outputs():
     driver = trigger.create_trigger_driver(windowing, is_batch=True)
@@ -90,8 +90,10 @@ def group_values(
       key = None
       values = []
       for encoded in elements:
-        # Records hold the runner-safe encoding, which is byte-identical to
-        # the SDK coder's; decode with the SDK coder to see real windows.
+        # Records hold the runner-safe encoding, byte-identical to the SDK
+        # coder's: keys and values decode as the runner sees them (opaque
+        # bytes where it does not know their coder), windows as the SDK's
+        # where Python knows their coder (planning.sdks.grouping_coders).
         wv = in_impl.decode_from_stream(create_InputStream(encoded), True)
         key = wv.value[0]
         values.append(wv.with_value(wv.value[1]))

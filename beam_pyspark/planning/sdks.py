@@ -1,0 +1,145 @@
+"""What the runner may know of another SDK's coders, windows and harness.
+
+Beam's portable runners understand the model coders only; every other
+coder travels length-prefixed as opaque bytes (Beam's ``TransformContext``
+wraps them, and its runner-safe coders read them as bytes). Python is the
+runner's own language, so where Python knows a coder or a WindowFn (a
+Python pipeline's custom windows) the runner may use it; where it does not
+(Java's, Go's, TypeScript's), the runner works on bytes and model windows.
+An environment says which optional coders and protocols its harness has in
+its capabilities; the runner uses one only when it is listed.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from apache_beam.coders import coders as beam_coders
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability.fn_api_runner import translations as tr
+from apache_beam.transforms import window
+
+
+def grouping_coders(context, sdk_coder_id: str, safe_coder_id: str
+                   ) -> tuple[str, bool]:
+  """The coder a windowed grouping decodes (and encodes) elements with, and
+  whether its windows are opaque to the runner.
+
+  Elements: the runner-safe coder's (every coder the runner does not know
+  is opaque bytes: any SDK's keys and values). Windows: as the SDK encodes
+  them, where Python knows their coder (model windows, and a custom window
+  whose coder Python knows, such as a Python pipeline's own, which a
+  merging WindowFn must see as itself); else the runner-safe coder's
+  timestamp-prefixed opaque window (its max timestamp and its bytes), which
+  a non-merging WindowFn can group (``worker.runtime.opaque_windowing``;
+  planning.validate refuses the merging ones).
+  """
+  components = context.components
+  sdk = components.coders[sdk_coder_id]
+  safe = components.coders[safe_coder_id]
+  windowed = common_urns.coders.WINDOWED_VALUE.urn
+  if sdk.spec.urn != windowed or safe.spec.urn != windowed:
+    return safe_coder_id, False
+  sdk_window = sdk.component_coder_ids[1]
+  if sdk_window == safe.component_coder_ids[1]:
+    return safe_coder_id, False
+  if not python_knows_coder(components, sdk_window):
+    return safe_coder_id, True
+  return context.add_or_get_coder_id(
+      beam_runner_api_pb2.Coder(
+          spec=safe.spec,
+          component_coder_ids=[safe.component_coder_ids[0], sdk_window]),
+      safe_coder_id + '_windows'), False
+
+
+def python_knows_coder(components: beam_runner_api_pb2.Components,
+                       coder_id: str) -> bool:
+  known = beam_coders.Coder._known_urns  # pylint: disable=protected-access
+  stack, seen = [coder_id], set()
+  while stack:
+    cid = stack.pop()
+    if cid in seen:
+      continue
+    seen.add(cid)
+    coder = components.coders.get(cid)
+    if coder is None or (coder.spec.urn not in known and
+                         coder.spec.urn not in tr.TransformContext.
+                         _REQUIRED_CODER_URNS):
+      return False
+    stack.extend(coder.component_coder_ids)
+  return True
+
+
+def python_knows_window_fn(urn: str) -> bool:
+  return urn in window.WindowFn._known_urns  # pylint: disable=protected-access
+
+
+def accepts_state_backed_iterables(
+    components: beam_runner_api_pb2.Components, env_id: Optional[str]) -> bool:
+  """Whether the environment lists state-backed iterables among its
+  capabilities (an AnyOf environment: all of its members do)."""
+  env = components.environments.get(env_id) if env_id else None
+  if env is None:
+    return False
+  urn = common_urns.coders.STATE_BACKED_ITERABLE.urn
+  if env.urn == common_urns.environments.ANYOF.urn:
+    members = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+        env.payload).environments
+    return bool(members) and all(urn in m.capabilities for m in members)
+  return urn in env.capabilities
+
+
+_SDK_BASE = 'beam:version:sdk_base:'
+
+
+def sdk_of(env: beam_runner_api_pb2.Environment) -> str:
+  """The SDK an environment runs: from its sdk_base capability (Beam's
+  container image name, e.g. apache/beam_java17_sdk), else its URN."""
+  if env.urn == common_urns.environments.ANYOF.urn:
+    members = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+        env.payload).environments
+    return sdk_of(members[0]) if members else 'any'
+  for capability in env.capabilities:
+    if capability.startswith(_SDK_BASE):
+      image = capability[len(_SDK_BASE):].rsplit(':', 1)[0]
+      name = image.rsplit('/', 1)[-1]
+      for sdk in ('java', 'python', 'go', 'typescript'):
+        if sdk in name:
+          return sdk
+      return name
+  if 'python' in env.urn:
+    return 'python'
+  return 'unknown SDK'
+
+
+def describe_environment(components: beam_runner_api_pb2.Components,
+                         env_id: str) -> str:
+  """``env_id`` as a person reads it: its SDK and how its harness runs,
+  e.g. "java, process" or "python, embedded"."""
+  env = components.environments.get(env_id) if env_id else None
+  if env is None:
+    return 'runner'
+  kind = env.urn.split(':')[2] if env.urn.count(':') >= 3 else env.urn
+  if env.urn == common_urns.environments.ANYOF.urn:
+    kind = 'any of'
+  elif env.urn == common_urns.environments.EXTERNAL.urn:
+    kind = 'external'
+  elif 'embedded' in env.urn:
+    kind = 'embedded'
+  return f'{sdk_of(env)}, {kind}'
+
+
+def stages_by_environment(plan) -> str:
+  """How many of a plan's stages run in each environment, e.g.
+  "stages by environment: 'java' (java, process) 3, runner 2"."""
+  components = beam_runner_api_pb2.Components.FromString(plan.components)
+  counts: dict[str, int] = {}
+  for stage in plan.stages:
+    env_id = stage.environment_id if stage.kind == 'sdk' else ''
+    counts[env_id] = counts.get(env_id, 0) + 1
+  parts = [
+      (f'{env_id!r} ({describe_environment(components, env_id)}) {n}'
+       if env_id else f'runner {n}')
+      for env_id, n in sorted(counts.items(), key=lambda kv: (not kv[0], kv[0]))]
+  return 'stages by environment: ' + ', '.join(parts)
