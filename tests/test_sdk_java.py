@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import urllib.request
 
 import pytest
 from apache_beam.portability.api import beam_provision_api_pb2
@@ -73,6 +74,15 @@ def direct_counts(wordcount_input, tmp_path_factory) -> list[str]:
   return counts
 
 
+def jobs_detail(server) -> str:
+  """Every job's detail from the status page's API, as text."""
+  def get(path):
+    with urllib.request.urlopen(server.status_url + path, timeout=30) as r:
+      return json.load(r)
+  return json.dumps([get(f'api/jobs/{urllib.parse.quote(row["job_id"])}')
+                     for row in get('api/jobs')])
+
+
 def submit_wordcount(job_endpoint, wordcount_input, out, *environment):
   run_java(WORDCOUNT, [
       f'--inputFile={wordcount_input}', f'--output={out}/counts',
@@ -120,15 +130,16 @@ def test_wordcount_process_on_a_standalone_cluster(
         '--defaultEnvironmentType=PROCESS',
         '--defaultEnvironmentConfig='
         '{"command": "python -m beam_pyspark.boot java"}')
-    log = server.log()
+    detail = jobs_detail(server)
   finally:
     server.stop()
   assert counts == direct_counts
-  # The harnesses ran in the cluster's executors, not in the job server.
+  assert 'java, process' in detail, detail[-3000:]
+  # The harnesses ran in the cluster's executors (FnHarness logs to the
+  # executor's stderr), with the options file the boot wrote.
   executor_logs = cluster.logs(200000)
-  assert 'Starting the SDK harness' in executor_logs, executor_logs[-3000:]
-  assert 'org.apache.beam.fn.harness.FnHarness' in executor_logs
-  assert 'java, process' in log, log[-3000:]
+  assert 'SDK Fn Harness started' in executor_logs, executor_logs[-3000:]
+  assert 'beam-boot-worker' in executor_logs
 
 
 # -- the boot's pieces ---------------------------------------------------------
