@@ -199,6 +199,22 @@ def test_driver_reads_what_executors_need_and_skips_the_rest(tmp_path):
   assert any(deps.STAGED_SDK_SOURCES_FILE in m for m in messages)
 
 
+def test_another_sdks_artifacts_are_not_shipped_to_pythons(tmp_path):
+  # A Java environment's jars (and Go's worker binary) reach its harness
+  # over the Fn API (boot/), not the executors' Python.
+  (tmp_path / 'a.whl').write_bytes(b'a')
+  plan = _plan({'py': [_file(tmp_path / 'a.whl', 'a.whl')],
+                'java': [_file('/nonexistent/app.bin', 'app.bin')]})
+  components = beam_runner_api_pb2.Components.FromString(plan.components)
+  java = components.environments['java']
+  java.urn = common_urns.environments.PROCESS.urn
+  java.capabilities.append(
+      'beam:version:sdk_base:apache/beam_java17_sdk:2.62.0')
+  plan.components = components.SerializeToString()
+  contents, _ = read_dependencies(plan)
+  assert sorted(contents) == ['a.whl']
+
+
 def test_two_environments_disagreeing_on_a_file_are_refused(tmp_path):
   (tmp_path / 'one').write_bytes(b'1')
   (tmp_path / 'two').write_bytes(b'2')

@@ -30,6 +30,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning.sdks import sdk_of
 from beam_pyspark.worker.setup import dependencies as worker_deps
 
 _ARTIFACT_TYPES = common_urns.artifact_types
@@ -85,9 +86,12 @@ def read_dependencies(
   components = beam_runner_api_pb2.Components.FromString(plan.components)
   # The environments the job's transforms run in (the expansion service's,
   # say, besides the pipeline's own).
+  # Python environments only: another SDK's harness gets its environment's
+  # artifacts itself, over the Fn API's artifact retrieval (boot/).
   env_ids = sorted({
       t.environment_id for t in components.transforms.values()
-      if t.environment_id in components.environments
+      if t.environment_id in components.environments and
+      sdk_of(components.environments[t.environment_id]) == 'python'
   })
   contents: dict[str, bytes] = {}
   origins: dict[str, str] = {}

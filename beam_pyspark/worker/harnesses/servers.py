@@ -15,10 +15,12 @@ import logging
 import os
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -69,6 +71,7 @@ class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
     super().__init__(state, provision_info, grpc_server)
     self._payload = payload
     self.process: Optional[subprocess.Popen] = None
+    self.semi_persist_dir: Optional[str] = None
 
   def start_worker(self):
     control = self.control_api_service_descriptor()
@@ -92,12 +95,16 @@ class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
         PIPELINE_OPTIONS=options,
         WORKER_ID=self.worker_id,
         RUNNER_CAPABILITIES=' '.join(worker_handlers.FNAPI_RUNNER_CAPABILITIES))
+    # The harness's own files (a boot's retrieved artifacts, say): removed
+    # when the harness stops, since a boot that execs its harness cannot.
+    self.semi_persist_dir = tempfile.mkdtemp(prefix='beam-pyspark-harness-')
     flags = [
         f'--id={self.worker_id}',
         f'--provision_endpoint={control.url}',
         f'--control_endpoint={control.url}',
         f'--artifact_endpoint={control.url}',
         f'--logging_endpoint={logging_ep.url}',
+        f'--semi_persist_dir={self.semi_persist_dir}',
     ]
     command = self._payload.command
     with worker_handlers.SUBPROCESS_LOCK:
@@ -127,6 +134,8 @@ class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
         self.process.wait(10)
       except subprocess.TimeoutExpired:
         self.process.kill()
+    if self.semi_persist_dir is not None:
+      shutil.rmtree(self.semi_persist_dir, ignore_errors=True)
 
 
 _ids_for_pid: Optional[int] = None
