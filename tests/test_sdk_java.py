@@ -139,7 +139,7 @@ def test_wordcount_process_on_a_standalone_cluster(
   # executor's stderr), with the options file the boot wrote.
   executor_logs = cluster.logs(200000)
   assert 'SDK Fn Harness started' in executor_logs, executor_logs[-3000:]
-  assert 'beam-boot-worker' in executor_logs
+  assert 'pipeline_options.json' in executor_logs
 
 
 # -- the boot's pieces ---------------------------------------------------------
