@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope
 
-.PHONY: setup demo test bench clean sdk-java
+.PHONY: setup sdk-typescript sdk-go sdk-java demo test bench clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -19,6 +19,19 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# Beam's TypeScript SDK (npm apache-beam 2.49.0) and the pipelines
+# tests/test_sdk_typescript.py submits with it: npm ci from the lock file
+# (npm's cache, ~/.npm, keeps the downloads; again only when the lock file
+# changes). --ignore-scripts: the one install script among them is
+# protobufjs's postinstall, for its pbjs command line, which nothing runs.
+TS_DIR := sdks/typescript
+TS_STAMP := $(TS_DIR)/node_modules/.installed-stamp
+$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --prefer-offline --ignore-scripts --no-audit --no-fund
+	@touch $(TS_STAMP)
+
+sdk-typescript: $(TS_STAMP)
 
 # Beam's own WordCount, unchanged, on local Spark, over the shipped sample.
 demo: setup
@@ -43,7 +56,7 @@ sdk-java: $(JAVA_SDK_STAMP)
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-java
+test: setup sdk-typescript sdk-go sdk-java
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
@@ -56,5 +69,27 @@ BENCH_ARGS ?= --size-mb 10 --repeats 3
 bench: setup
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
+# Beam's Go SDK (the module proxy's github.com/apache/beam/sdks/v2, pinned
+# in sdks/go/go.mod): Go's wordcount and Beam's Go integration test
+# packages, compiled for tests/test_sdk_go*.py (docs/sdks/go.md). Downloads
+# go to Go's module cache, compiled packages to its build cache: a first
+# build takes minutes on 2 cores, a cached one seconds (links only).
+# -ldflags=-w leaves out DWARF (a third of the link); the Go SDK finds its
+# functions by the ELF symbol table, which stays.
+GO ?= go
+GO_BIN := sdks/go/bin
+GO_BEAM := github.com/apache/beam/sdks/v2/go
+GO_TEST_PACKAGES := $(GO_BEAM)/test/integration/primitives \
+  $(GO_BEAM)/test/integration/synthetic \
+  $(GO_BEAM)/test/integration/wordcount $(GO_BEAM)/test/regression
+$(GO_BIN)/.built: sdks/go/go.mod sdks/go/go.sum
+	@command -v $(GO) >/dev/null || { echo "make sdk-go: no 'go' on PATH (Go 1.26 or later is needed)" >&2; exit 1; }
+	cd sdks/go && $(GO) mod download
+	cd sdks/go && $(GO) build -ldflags=-w -o bin/wordcount $(GO_BEAM)/examples/wordcount
+	cd sdks/go && $(GO) test -c -ldflags=-w -o bin/ $(GO_TEST_PACKAGES)
+	@touch $@
+
+sdk-go: $(GO_BIN)/.built
+
 clean:
-	rm -rf $(VENV) out build *.egg-info
+	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN)

@@ -10,6 +10,7 @@ ran twice reports twice, so "attempted" sums every report while
 from __future__ import annotations
 
 import collections
+import logging
 from typing import Iterable
 
 from apache_beam.coders import coders
@@ -19,6 +20,33 @@ from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiMetrics
 
 _STRING_SET_CODER = coders.IterableCoder(coders.StrUtf8Coder())
+_LOGGER = logging.getLogger(__name__)
+_warned: set = set()
+
+
+def _well_formed(info: metrics_pb2.MonitoringInfo) -> bool:
+  """Whether a distribution's payload is the model's four varints (count,
+  sum, min, max) and nothing more. Beam's TypeScript SDK 2.49 encodes it
+  otherwise; read as the model says, it would be nonsense: dropped, once
+  with a warning naming the metric."""
+  if not mi.is_distribution(info):
+    return True
+  from apache_beam.coders.coder_impl import create_InputStream  # pylint: disable=import-outside-toplevel
+  stream = create_InputStream(info.payload)
+  try:
+    for _ in range(4):
+      stream.read_var_int64()
+    ok = stream.size() == 0
+  except Exception:  # pylint: disable=broad-except
+    ok = False
+  if not ok and (info.urn, tuple(sorted(info.labels.items()))) not in _warned:
+    _warned.add((info.urn, tuple(sorted(info.labels.items()))))
+    _LOGGER.warning(
+        'Dropping distribution %s %s: its payload (%d bytes) is not the '
+        'model\'s four varints (count, sum, min, max); the SDK that sent it '
+        'encodes distributions otherwise.', info.urn, dict(info.labels),
+        len(info.payload))
+  return ok
 
 
 def _merge_pair(a: metrics_pb2.MonitoringInfo, b: metrics_pb2.MonitoringInfo):
@@ -48,7 +76,8 @@ def merge_monitoring_infos(
     infos: Iterable[metrics_pb2.MonitoringInfo]) -> list[metrics_pb2.MonitoringInfo]:
   grouped = collections.defaultdict(list)
   for info in infos:
-    grouped[mi.to_key(info)].append(info)
+    if _well_formed(info):
+      grouped[mi.to_key(info)].append(info)
   result = []
   for values in grouped.values():
     if len(values) == 1:

@@ -670,10 +670,10 @@ def test_protocol_state_machine():
           replacements=[fetch, embed, url]))
   out = protocol.receive(resolved)
   assert [type(i).__name__ for i in out] == [
-      'SendRequest', 'StoreEmbedded', 'KeepArtifact'
+      'StoreEmbedded', 'KeepArtifact', 'SendRequest'
   ]
-  assert out[0].request.get_artifact.artifact == fetch
-  assert out[1].data == b'abc' and out[1].index == 1
+  assert out[2].request.get_artifact.artifact == fetch
+  assert out[0].data == b'abc' and out[0].index == 1
   assert protocol.phase is Phase.FETCHING
 
   def chunk(data, last=False):
@@ -702,6 +702,38 @@ def test_protocol_state_machine():
   with pytest.raises(staging_module.ProtocolError, match='resolving'):
     protocol.receive(chunk(b'x'))
   assert protocol.phase is Phase.FAILED
+
+
+def test_protocol_asks_for_one_artifact_at_a_time():
+  """The chunks name no artifact: with two get requests out, a client that
+  serves them concurrently (Beam's TypeScript client) interleaves two files'
+  chunks, and both arrive corrupt. Beam's staging service asks one by one."""
+  first = file_artifact(__file__, 'one.py')
+  second = file_artifact(__file__, 'two.py')
+  protocol = staging_module.StagingProtocol('tok', {'env': [first, second]})
+  protocol.start()
+  out = protocol.receive(
+      beam_artifact_api_pb2.ArtifactResponseWrapper(
+          resolve_artifact_response=beam_artifact_api_pb2.
+          ResolveArtifactsResponse(replacements=[first, second])))
+  assert [i.request.get_artifact.artifact for i in out] == [first]
+
+  def chunk(data, last=False):
+    return beam_artifact_api_pb2.ArtifactResponseWrapper(
+        get_artifact_response=beam_artifact_api_pb2.GetArtifactResponse(
+            data=data),
+        is_last=last)
+
+  assert protocol.receive(chunk(b'1')) == [
+      staging_module.BeginFetch('env', 0, first),
+      staging_module.FetchChunk(b'1')]
+  end, ask = protocol.receive(chunk(b'', last=True))
+  assert end == staging_module.EndFetch()
+  assert ask.request.get_artifact.artifact == second
+  assert protocol.receive(chunk(b'2', last=True)) == [
+      staging_module.BeginFetch('env', 1, second),
+      staging_module.FetchChunk(b'2'), staging_module.EndFetch(),
+      staging_module.Finished()]
 
 
 def test_protocol_asks_about_an_environment_with_nothing_to_stage():

@@ -19,6 +19,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning.environments import EnvironmentOverride
 from beam_pyspark.planning.environments import apply_overrides
+from beam_pyspark.planning.sdks import describe_environment
 from beam_pyspark.errors import UnsupportedPipelineError
 from jobserver_process import JobServerProcess
 
@@ -49,6 +50,46 @@ def test_override_forms_and_their_errors():
               'img=embedded:x'):
     with pytest.raises(ValueError, match='override'):
       EnvironmentOverride.parse(bad)
+
+
+def test_beams_own_images_boot_their_sdks_by_default():
+  pipeline = beam_runner_api_pb2.Pipeline()
+  envs = pipeline.components.environments
+  for sdk, image in (
+      ('java', 'apache/beam_java17_sdk:2.62.0'),
+      ('go', 'apache/beam_go_sdk:2.62.0'),
+      # As Beam's TypeScript SDK names it.
+      ('typescript', 'docker.io/apache/beam_typescript_sdk:2.49.0')):
+    envs[sdk].CopyFrom(_docker(image))
+  apply_overrides(pipeline, [])
+  for sdk in ('java', 'go', 'typescript'):
+    assert envs[sdk].urn == common_urns.environments.PROCESS.urn
+    assert beam_runner_api_pb2.ProcessPayload.FromString(
+        envs[sdk].payload).command == f'python -m beam_pyspark.boot {sdk}'
+
+
+def test_environments_are_named_by_their_sdk():
+  """The job's messages and the status page name each stage's SDK: from
+  the sdk_base capability, else the Docker image or the PROCESS command's
+  boot (Beam's TypeScript SDK lists no sdk_base)."""
+  def process(command):
+    return beam_runner_api_pb2.Environment(
+        urn=common_urns.environments.PROCESS.urn,
+        payload=beam_runner_api_pb2.ProcessPayload(
+            command=command).SerializeToString())
+  components = beam_runner_api_pb2.Components()
+  envs = components.environments
+  envs['ts'].CopyFrom(process('python -m beam_pyspark.boot typescript'))
+  envs['ts_image'].CopyFrom(
+      _docker('docker.io/apache/beam_typescript_sdk:2.49.0'))
+  envs['java'].CopyFrom(process('java -cp x Main'))
+  envs['java'].capabilities.append(
+      'beam:version:sdk_base:apache/beam_java17_sdk:2.62.0')
+  envs['other'].CopyFrom(process('./my-harness'))
+  assert describe_environment(components, 'ts') == 'typescript, process'
+  assert describe_environment(components, 'ts_image') == 'typescript, docker'
+  assert describe_environment(components, 'java') == 'java, process'
+  assert describe_environment(components, 'other') == 'unknown SDK, process'
 
 
 def test_first_matching_override_wins_and_the_rest_stays():

@@ -71,6 +71,20 @@ def test_merge_counters_distributions_gauges_string_sets_tries():
   assert mi.extract_string_set_value(merged['s']) == {'a', 'b', 'c'}
 
 
+def test_a_distribution_not_in_the_models_encoding_is_dropped(caplog):
+  good = mi.int64_user_distribution(
+      'ns', 'd', mi.DistributionData(5, 2, 1, 4), ptransform='T')
+  # As Beam's TypeScript SDK 2.49 sends one: an iterable of the values.
+  odd = mi.int64_user_distribution(
+      'ns', 'odd', mi.DistributionData(5, 2, 1, 4), ptransform='T')
+  odd.payload = b'\x00\x00\x00\x04' + odd.payload
+  merged = merge_monitoring_infos([good, odd, odd])
+  assert [mi.parse_namespace_and_name(m)[1] for m in merged] == ['d']
+  assert mi.extract_distribution(merged[0]) == (2, 5, 1, 4)
+  assert sum('Dropping distribution' in r.getMessage()
+             for r in caplog.records) == 1
+
+
 def test_committed_keeps_one_report_per_partition():
   m = TaskMetrics()
   c = _counter(4).SerializeToString()

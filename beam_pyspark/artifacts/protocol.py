@@ -124,7 +124,7 @@ class StagingProtocol:
     self._dependency_sets = dependency_sets
     self._environments = collections.deque(dependency_sets)
     self._environment: Optional[str] = None
-    # Artifacts whose get request is out, in the order the client answers.
+    # Artifacts to fetch, in order; the first one's get request is out.
     self._pending: collections.deque[tuple[int, ArtifactInformation]] = (
         collections.deque())
     self._fetching = False  # inside an artifact's chunks (after its first)
@@ -190,19 +190,25 @@ class StagingProtocol:
               f'embedded payload: {exn}') from exn
         out.append(StoreEmbedded(env, index, artifact, data))
       else:
-        # Sending every get request at once saves a round trip per
-        # artifact; the client answers them in order.
         self._pending.append((index, artifact))
-        out.append(
-            SendRequest(
-                beam_artifact_api_pb2.ArtifactRequestWrapper(
-                    get_artifact=beam_artifact_api_pb2.GetArtifactRequest(
-                        artifact=artifact))))
     if self._pending:
       self.phase = Phase.FETCHING
+      out.append(self._get_request())
     else:
       out.extend(self._next_environment())
     return out
+
+  def _get_request(self) -> SendRequest:
+    """The get request of the first pending artifact. One at a time, as
+    Beam's own staging service asks: the protocol has no artifact id in its
+    chunks, and Beam's TypeScript client answers requests concurrently (an
+    async handler per request), so two outstanding requests interleaved the
+    chunks of two files into both."""
+    _, artifact = self._pending[0]
+    return SendRequest(
+        beam_artifact_api_pb2.ArtifactRequestWrapper(
+            get_artifact=beam_artifact_api_pb2.GetArtifactRequest(
+                artifact=artifact)))
 
   def _on_chunk(
       self, response: beam_artifact_api_pb2.ArtifactResponseWrapper
@@ -219,6 +225,8 @@ class StagingProtocol:
       self._pending.popleft()
       self._fetching = False
       out.append(EndFetch())
-      if not self._pending:
+      if self._pending:
+        out.append(self._get_request())
+      else:
         out.extend(self._next_environment())
     return out

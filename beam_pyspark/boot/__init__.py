@@ -21,8 +21,12 @@ SDKS = ('java', 'go', 'typescript')
 
 def main(argv: list[str]) -> int:
   from beam_pyspark.boot import common  # pylint: disable=import-outside-toplevel
+  # force: importing Beam (common does) already logged a warning through
+  # the root logger, which gave it a WARNING handler; without force the
+  # boot's INFO lines (which harness it starts, how) were never seen.
   logging.basicConfig(
-      level=logging.INFO, format='%(asctime)s boot %(levelname)s %(message)s')
+      level=logging.INFO, format='%(asctime)s boot %(levelname)s %(message)s',
+      force=True)
   if not argv or argv[0] not in SDKS:
     print(f'usage: python -m beam_pyspark.boot {{{",".join(SDKS)}}} '
           '[--id ... --provision_endpoint ...]', file=sys.stderr)

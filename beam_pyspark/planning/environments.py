@@ -15,7 +15,7 @@ instead, as the SDK's container would have run it:
 given to the job server (``--environment-override``, repeatable) or with a
 job (``--environment_override``). The job's own come first, then the
 server's, then the defaults for Beam's own images (``DEFAULT_OVERRIDES``):
-Java and Go images boot their SDK's harness with ``python -m
+Java, Go and TypeScript images boot their SDK's harness with ``python -m
 beam_pyspark.boot``, Python images run embedded. The environment keeps its
 id, capabilities and dependencies (staged artifacts reach the harness over
 the Fn API); only how it starts changes. A DOCKER environment no override
@@ -84,6 +84,10 @@ DEFAULT_OVERRIDES: tuple[EnvironmentOverride, ...] = tuple(
     EnvironmentOverride.parse(text) for text in (
         'apache/beam_java*_sdk*=process:python -m beam_pyspark.boot java',
         'apache/beam_go_sdk*=process:python -m beam_pyspark.boot go',
+        # The TypeScript SDK names its image with the registry in front
+        # (docker.io/apache/beam_typescript_sdk:2.49.0).
+        '*apache/beam_typescript_sdk*='
+        'process:python -m beam_pyspark.boot typescript',
         'apache/beam_python*_sdk*=embedded',
     ))
 

@@ -12,6 +12,7 @@ its capabilities; the runner uses one only when it is listed.
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from apache_beam.coders import coders as beam_coders
@@ -93,21 +94,35 @@ def accepts_state_backed_iterables(
 _SDK_BASE = 'beam:version:sdk_base:'
 
 
+_SDKS = ('java', 'python', 'go', 'typescript')
+_BOOT = re.compile(r'beam_pyspark\.boot\s+(\w+)')
+
+
+def _sdk_of_image(image: str) -> str:
+  name = image.rsplit(':', 1)[0].rsplit('/', 1)[-1]
+  return next((sdk for sdk in _SDKS if sdk in name), name)
+
+
 def sdk_of(env: beam_runner_api_pb2.Environment) -> str:
   """The SDK an environment runs: from its sdk_base capability (Beam's
-  container image name, e.g. apache/beam_java17_sdk), else its URN."""
+  container image name, e.g. apache/beam_java17_sdk), else its Docker
+  image or its PROCESS command's boot (the TypeScript SDK lists no
+  sdk_base), else its URN."""
   if env.urn == common_urns.environments.ANYOF.urn:
     members = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
         env.payload).environments
     return sdk_of(members[0]) if members else 'any'
   for capability in env.capabilities:
     if capability.startswith(_SDK_BASE):
-      image = capability[len(_SDK_BASE):].rsplit(':', 1)[0]
-      name = image.rsplit('/', 1)[-1]
-      for sdk in ('java', 'python', 'go', 'typescript'):
-        if sdk in name:
-          return sdk
-      return name
+      return _sdk_of_image(capability[len(_SDK_BASE):])
+  if env.urn == common_urns.environments.DOCKER.urn:
+    return _sdk_of_image(beam_runner_api_pb2.DockerPayload.FromString(
+        env.payload).container_image)
+  if env.urn == common_urns.environments.PROCESS.urn:
+    boot = _BOOT.search(beam_runner_api_pb2.ProcessPayload.FromString(
+        env.payload).command)
+    if boot:
+      return boot.group(1)
   if 'python' in env.urn:
     return 'python'
   return 'unknown SDK'

@@ -328,8 +328,13 @@ class SparkPipelineJob:
 
   def _reshuffle(self, stage: StagePlan):
     (in_id, buffer_id), = stage.inputs.items()
-    (out_id, _), = stage.outputs.items()
     source = self._buffer(buffer_id)
+    if not stage.outputs:
+      # Nothing reads the reshuffled collection (Beam's Go regression test
+      # LPErrorReshufflePipeline): what it reshuffles is still computed,
+      # as the job's terminal output.
+      return source
+    (out_id, _), = stage.outputs.items()
     transcode = tasks.Transcode(
         self._ctx, stage.input_coders[in_id], stage.output_coders[out_id])
     if stage.sized:
