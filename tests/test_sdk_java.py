@@ -91,16 +91,33 @@ def submit_wordcount(job_endpoint, wordcount_input, out, *environment):
   return read_counts(f'{out}/counts')
 
 
-def test_wordcount_loopback_on_local_spark(
-    wordcount_input, direct_counts, tmp_path):
-  server = JobServerProcess(tmp_path / 'artifacts')
+@pytest.fixture(scope='module')
+def local_server(tmp_path_factory):
+  server = JobServerProcess(tmp_path_factory.mktemp('local') / 'artifacts')
   try:
-    counts = submit_wordcount(
-        server.job_endpoint, wordcount_input, tmp_path,
-        '--defaultEnvironmentType=LOOPBACK')
+    yield server
   finally:
     server.stop()
+
+
+def test_wordcount_loopback_on_local_spark(
+    local_server, wordcount_input, direct_counts, tmp_path):
+  counts = submit_wordcount(
+      local_server.job_endpoint, wordcount_input, tmp_path,
+      '--defaultEnvironmentType=LOOPBACK')
   assert counts == direct_counts
+
+
+def test_wordcount_in_javas_default_docker_environment(
+    local_server, wordcount_input, direct_counts, tmp_path):
+  """With no environment option, Java's environment is Docker
+  (apache/beam_java17_sdk:2.62.0); the job server maps Beam's Java images
+  to the PROCESS boot, so the pipeline runs unchanged."""
+  counts = submit_wordcount(
+      local_server.job_endpoint, wordcount_input, tmp_path)
+  assert counts == direct_counts
+  detail = jobs_detail(local_server)
+  assert 'java, process' in detail, detail[-3000:]
 
 
 @pytest.fixture(scope='module')
