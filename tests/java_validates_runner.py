@@ -71,6 +71,11 @@ SELECTIONS = [
               ('testEventTimeTimerBounded', 'testEventTimeTimerMultipleKeys',
                'testGbkFollowedByUserTimers',
                'testTimerReceivedInOriginalWindow')),
+    Selection(T + 'ParDoTest$TimerFamilyTests', 3,
+              'timer families, event time, with plain timers (bounded; '
+              'Beam\'s portable Spark excludes them)'),
+    Selection(T + 'ParDoTest$KeyTests', 4,
+              'the key in @OnTimer (Beam\'s portable Spark excludes it)'),
     Selection(T + 'SplittableDoFnTest', 7,
               'splittable DoFns, bounded: checkpoints, windowed side '
               'inputs, additional outputs'),
@@ -111,15 +116,15 @@ EXCLUDED_CATEGORIES = {
     C + 'UsesSetState': 'set state: as map state',
     C + 'UsesMultimapState': 'multimap state: as map state',
     C + 'UsesOrderedListState': 'ordered list state: as map state',
-    C + 'UsesTimerMap': 'timer families: Beam\'s portable Spark excludes them',
     C + 'UsesLoopingTimer': 'timers that reset themselves forever, in batch',
     C + 'UsesUnboundedPCollections':
         'these tests run in batch (as Beam\'s portable Spark batch suite)',
     C + 'UsesUnboundedSplittableParDo': 'unbounded: batch suite',
     C + 'UsesTestStream': 'TestStream is a streaming source: batch suite',
-    C + 'UsesKeyInParDo': 'Beam\'s portable Spark excludes it',
     C + 'UsesOnWindowExpiration':
-        'excluded by all of Beam\'s portable runners (ULR, Spark, Flink)',
+        'refused at Prepare: "pipeline requirement beam:requirement:pardo:'
+        'on_window_expiration:v1 is not supported" (tried); all of Beam\'s '
+        'portable runners (ULR, Spark, Flink) exclude it too',
     C + 'UsesStrictTimerOrdering':
         'timer firing order across keys and bundles: Beam\'s portable '
         'Spark and Flink exclude it',
