@@ -54,8 +54,13 @@ SELECTIONS = [
                'testMultiOutputParDoWithSideInputs')),
     Selection(T + 'GroupByKeyTest$WindowTests', 4,
               'GroupByKey in fixed, sliding and merging (session) windows'),
-    Selection(T + 'CombineTest$BasicTests', 11,
-              'Combine per key and globally, hot-key fanout, empty inputs'),
+    Selection(T + 'CombineTest$BasicTests', 6,
+              'Combine per key and globally, hot-key fanout, empty inputs '
+              '(whole class: 11 of 12 passed, the 12th is excluded below; '
+              'the rest are lambda/method-reference variants)',
+              ('testSimpleCombine', 'testSimpleCombineEmpty', 'testBasicCombine',
+               'testHotKeyCombining', 'testCombinePerKeyLambda',
+               'testCombinePerKeyPrimitiveDisplayData')),
     Selection(T + 'FlattenTest', 3,
               'Flatten (whole class: 15 of 15 passed)',
               ('testFlattenPCollections', 'testEmptyFlattenAsSideInput',
