@@ -27,7 +27,7 @@ from jobserver_process import JobServerProcess
 # Two test JVMs against the one job server: a test's time is mostly
 # waiting (harnesses starting, Spark scheduling), so two overlap well.
 FORKS = 2
-# Surefire's whole run: 10.4 minutes on 2 cores at load 5-10 (other work
+# Surefire's whole run: 11.7 minutes on 2 cores at load 9-10 (other work
 # running); far less on a quiet machine.
 TIMEOUT_SECS = 1200
 
