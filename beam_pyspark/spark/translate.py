@@ -33,7 +33,7 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.messages import PYTHON_LEVELS
-from beam_pyspark.messages import importance_of
+from beam_pyspark.messages import forwarded
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
@@ -483,7 +483,8 @@ class SparkPipelineJob:
     fresh = entries[self._logs_forwarded:]
     self._logs_forwarded = len(entries)
     for _, level, text in sorted(fresh, key=lambda e: e[0]):
-      self.log(text, importance_of(level))
+      importance, text = forwarded(level, text)
+      self.log(text, importance)
 
 
 def _log_to_python(text: str, importance: int = (
