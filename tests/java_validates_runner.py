@@ -139,10 +139,10 @@ EXCLUDED_CATEGORIES = {
         'Spark and Flink exclude it',
     C + 'UsesBundleFinalizer': 'Beam\'s portable Spark batch excludes it',
     C + 'UsesTriggeredSideInputs':
-        'Beam\'s ULR excludes it too; here the runner\'s Python decoding of '
-        'Java\'s AfterProcessingTime trigger (no delay transform) fails: '
-        'IndexError in apache_beam/transforms/trigger.py:424 (tried: '
-        'ViewTest#testTriggeredLatestSingleton, after 10 minutes)',
+        'Beam\'s ULR excludes it too. Here ViewTest#testTriggeredLatestSingleton '
+        'failed after 10 minutes (IndexError decoding Java\'s '
+        'AfterProcessingTime with no delay, apache_beam trigger.py:424); '
+        'since eb8f2ec decodes it, the job hangs instead (reported)',
     C + 'UsesPythonExpansionService': 'cross-language: no expansion here',
     C + 'UsesJavaExpansionService': 'cross-language: no expansion here',
 }
@@ -154,10 +154,12 @@ EXCLUDED_TESTS = {
         'excluded for it in runners/portability/java/build.gradle): the '
         'final accumulated pane arrives empty',
     T + 'ParDoTest$TimerTests#testGbkFollowedByUserTimers':
-        'RUNNER BUG (reported): a runner-side stage between the GroupByKey '
-        'and the stateful DoFn keeps Java\'s coder on its output port, and '
-        'the embedded Python harness fails building it (KeyError '
-        '\'beam:coders:javasdk:0.1\')',
+        'RUNNER BUG (reported): failed with KeyError '
+        '\'beam:coders:javasdk:0.1\' (a runner-side stage between the '
+        'GroupByKey and the stateful DoFn ran in the embedded Python '
+        'harness); since that stage runs in Java\'s environment (eca3895) '
+        'the job hangs: the harness waits for the end of an input the '
+        'runner never closes, the task for the harness\'s output',
 }
 
 # Tests Beam's own code skips (a JUnit assumption), expected as skipped.
