@@ -47,7 +47,16 @@ def _job_server_parser(sub) -> None:
   p.add_argument('--spark-conf', action='append', default=[],
                  metavar='KEY=VALUE', help='A Spark setting; repeatable.')
   p.add_argument('--max-invocation-history', type=int, default=10,
-                 help='Finished jobs kept (with their staged artifacts).')
+                 help='Ended jobs kept, with their messages and staged '
+                 'artifacts (default 10); the oldest ended job goes first. '
+                 'Preparations and running jobs do not count.')
+  p.add_argument('--max-preparations', type=int, default=64,
+                 help='Prepared jobs not run yet, at most (default 64): '
+                 'past it Prepare is refused (RESOURCE_EXHAUSTED); a '
+                 'preparation is never dropped for another.')
+  p.add_argument('--preparation-timeout-secs', type=float, default=1800.0,
+                 help='A preparation not run within this long ends FAILED '
+                 '(default 1800 s).')
   p.add_argument('--job-store', default=None,
                  help='SQLite file of the job store (default: '
                  '<artifacts-dir>/jobs.sqlite).')
@@ -110,6 +119,8 @@ def main(argv=None) -> int:
             spark_master_url=args.spark_master_url,
             spark_conf=conf,
             max_invocation_history=args.max_invocation_history,
+            max_preparations=args.max_preparations,
+            preparation_timeout_secs=args.preparation_timeout_secs,
             job_store=args.job_store,
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,
             fully_qualified_name_glob=args.fully_qualified_name_glob,

@@ -18,6 +18,8 @@ from apache_beam.portability.api import beam_job_api_pb2_grpc
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
 from beam_pyspark.jobservice.health import health_handler
 from beam_pyspark.jobservice.recovery import StreamingRecovery
+from beam_pyspark.jobservice.jobs import DEFAULT_MAX_PREPARATIONS
+from beam_pyspark.jobservice.jobs import DEFAULT_PREPARATION_TIMEOUT_SECS
 from beam_pyspark.jobservice.service import DEFAULT_MAX_INVOCATION_HISTORY
 from beam_pyspark.jobservice.service import JobService
 from beam_pyspark.jobservice.store import JobStore
@@ -35,7 +37,11 @@ class JobServerConfig:
   artifacts_dir: Optional[str] = None
   spark_master_url: str = 'local[*]'
   spark_conf: dict = dataclasses.field(default_factory=dict)
+  # Ended jobs kept; preparations not run yet are bounded apart, and
+  # expire after their timeout only.
   max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY
+  max_preparations: int = DEFAULT_MAX_PREPARATIONS
+  preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS
   job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
   max_staging_buffer_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
   # Which Python transforms the expansion service may build by name
@@ -172,7 +178,9 @@ class JobServer:
         max_invocation_history=config.max_invocation_history,
         spark_master=config.spark_master_url,
         recovery=self.checkpoints,
-        environment_overrides=parse_overrides(config.environment_overrides))
+        environment_overrides=parse_overrides(config.environment_overrides),
+        max_preparations=config.max_preparations,
+        preparation_timeout_secs=config.preparation_timeout_secs)
     self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)
