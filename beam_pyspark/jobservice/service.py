@@ -47,6 +47,7 @@ from beam_pyspark.planning import plan_pipeline
 from beam_pyspark.planning.environments import EnvironmentOverride
 from beam_pyspark.planning.environments import apply_overrides
 from beam_pyspark.planning.environments import parse_all as parse_overrides
+from beam_pyspark.redaction import redact_options
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -312,13 +313,14 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
 
   @_unary
   def GetJobs(self, request, context=None):
-    """Every job; their options only while the answer stays well under
-    gRPC's default 4 MB message limit (newest jobs first get theirs)."""
+    """Every job; their options (secret-looking values redacted, as on the
+    status page) only while the answer stays well under gRPC's default
+    4 MB message limit (newest jobs first get theirs)."""
     infos, budget = [], GET_JOBS_OPTIONS_BYTES
     for job in reversed(self.registry.jobs()):
       info = beam_job_api_pb2.JobInfo(
           job_id=job.job_id, job_name=job.job_name, state=job.state)
-      options = job_utils.dict_to_struct(job.options)
+      options = job_utils.dict_to_struct(redact_options(job.options))
       if options.ByteSize() <= budget:
         info.pipeline_options.CopyFrom(options)
         budget -= options.ByteSize()
