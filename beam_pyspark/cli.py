@@ -69,6 +69,14 @@ def _job_server_parser(sub) -> None:
                  'may cancel and drain jobs (as Flink\'s web.cancel.enable; '
                  'default: they may). '
                  '--no-status-cancel turns it off.')
+  p.add_argument('--status-allowed-host', action='append', default=[],
+                 metavar='NAME',
+                 help='A host name the status page answers to besides its '
+                 'own (localhost, this machine\'s names, --job-host, any IP '
+                 'address): the name of a proxy or DNS alias in front of it; '
+                 'repeatable; ".example.com" allows its subdomains, "*" any '
+                 'name. Requests naming another host are refused (DNS '
+                 'rebinding).')
   p.add_argument('--shutdown-grace-secs', type=float, default=20.0,
                  help='On SIGTERM or SIGINT: how long running batch jobs may '
                  'take to finish before they are cancelled (default 20 s: '
@@ -126,6 +134,7 @@ def main(argv=None) -> int:
             fully_qualified_name_glob=args.fully_qualified_name_glob,
             status_port=args.status_port,
             status_cancel=args.status_cancel,
+            status_allowed_hosts=list(args.status_allowed_host),
             environment_overrides=list(args.environment_override)))
   except ArtifactsDirInUseError as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)

@@ -52,6 +52,8 @@ class JobServerConfig:
   status_port: Optional[int] = None
   # Whether the status page may cancel jobs (Flink's web.cancel.enable).
   status_cancel: bool = True
+  # Host names the status page answers to besides its own (web.hosts).
+  status_allowed_hosts: list = dataclasses.field(default_factory=list)
   # IMAGE_GLOB=SPEC for Docker environments (planning.environments).
   environment_overrides: list = dataclasses.field(default_factory=list)
 
@@ -242,7 +244,9 @@ class JobServer:
     pages = StatusPages(self.service.registry,
                         cancel_enabled=self.config.status_cancel)
     try:
-      self._status = StatusServer(pages, self.config.job_host, port).start()
+      self._status = StatusServer(
+          pages, self.config.job_host, port,
+          allowed_hosts=self.config.status_allowed_hosts).start()
     except OSError as exn:
       _LOGGER.warning('No status page: could not listen on %s:%s (%s)',
                       self.config.job_host, port, exn)
