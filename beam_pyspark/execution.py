@@ -24,6 +24,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from beam_pyspark.engine import OPTIONAL_METHODS
 from beam_pyspark.engine import STREAMING
 from beam_pyspark.engine import check_engine
+from beam_pyspark.engine import checked_checkpoint_location
 from beam_pyspark.engine import create_engine
 from beam_pyspark.errors import BeamPySparkError
 from beam_pyspark.events import TERMINAL_STATES
@@ -83,9 +84,13 @@ class PipelineExecution:
   # -- lifecycle --------------------------------------------------------------
 
   def validate(self) -> None:
-    """Raises UnsupportedPipelineError listing everything we cannot run."""
+    """Raises UnsupportedPipelineError listing everything we cannot run,
+    InvalidOptionsError for a checkpoint location it could not use."""
     check_supported(self.pipeline)
-    check_engine(self.pipeline, self.options)
+    kind = check_engine(self.pipeline, self.options)
+    if kind == STREAMING and self.options.checkpoint_location:
+      self.options.checkpoint_location = checked_checkpoint_location(
+          self.options.checkpoint_location)
 
   def start(self) -> None:
     self.validate()
