@@ -35,6 +35,7 @@ from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.errors import out_of_memory
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
@@ -324,10 +325,14 @@ class PipelineExecution:
     if self._cancel_requested:
       self._set_state(JobState.CANCELLED)
       return
+    # Running out of memory says so first, wherever the sign was buried.
+    oom = out_of_memory(error)
+    if oom is not None and not error.startswith(oom):
+      error = f'{oom}\n\n{error}'
     self.error = error
     # One line here: the whole error (the user's traceback) is the job's
     # message, and what the runner raises.
-    _LOGGER.error('Job %s failed: %s', self.job_id, _last_line(error))
+    _LOGGER.error('Job %s failed: %s', self.job_id, oom or _last_line(error))
     self.message(error, Importance.JOB_MESSAGE_ERROR)
     self._set_state(JobState.FAILED)
 
