@@ -95,6 +95,10 @@ def _job_server_parser(sub) -> None:
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
                  'over all staging streams, at most (default 32 MiB).')
+  p.add_argument('--max-artifact-bytes', type=int, default=4 << 30,
+                 help='One staged artifact\'s size, at most (default 4 GiB): '
+                 'a larger one is refused at staging. Executors stream each '
+                 'file to disk, so this bounds disk, not memory.')
 
 
 def main(argv=None) -> int:
@@ -131,6 +135,7 @@ def main(argv=None) -> int:
             preparation_timeout_secs=args.preparation_timeout_secs,
             job_store=args.job_store,
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,
+            max_artifact_bytes=args.max_artifact_bytes,
             fully_qualified_name_glob=args.fully_qualified_name_glob,
             status_port=args.status_port,
             status_cancel=args.status_cancel,

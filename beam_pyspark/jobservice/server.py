@@ -15,6 +15,7 @@ from apache_beam.portability.api import beam_artifact_api_pb2_grpc
 from apache_beam.portability.api import beam_expansion_api_pb2_grpc
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
+from beam_pyspark.artifacts.staging import DEFAULT_MAX_ARTIFACT_BYTES
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
 from beam_pyspark.jobservice.health import health_handler
 from beam_pyspark.jobservice.recovery import StreamingRecovery
@@ -44,6 +45,7 @@ class JobServerConfig:
   preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS
   job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
   max_staging_buffer_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+  max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES
   # Which Python transforms the expansion service may build by name
   # (beam:transforms:python:fully_qualified_named), e.g. 'apache_beam.*'.
   # None, Beam's default, allows none.
@@ -144,6 +146,7 @@ class JobServer:
     self.staging = ArtifactStagingService(
         os.path.join(root, 'staged'),
         max_buffered_bytes=config.max_staging_buffer_bytes,
+        max_artifact_bytes=config.max_artifact_bytes,
         manifest_dir=os.path.join(root, 'staged-jobs'))
     # URL artifacts are fetched when workers ask, and only the URLs staged
     # jobs depend on.
