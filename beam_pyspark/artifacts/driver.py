@@ -22,7 +22,9 @@ random 256-bit secret that travels to executors inside the job's tasks
 ``TOKEN_HEADER``) and may read only the files registered under it, until
 the job ends and unregisters them. The server listens where executors
 reach the driver (``spark.driver.host``; loopback on a local master), as
-Spark's own driver ports do.
+Spark's own driver ports do, on a free port unless the Spark setting
+``spark.beam.artifactServer.port`` names one (a cluster whose firewall
+opens only the driver's configured ports).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ WORKERS = 8
 class DriverArtifactServer(
     beam_artifact_api_pb2_grpc.ArtifactRetrievalServiceServicer):
   """Serves registered files to whoever holds their job's token."""
-  def __init__(self, bind_host: str, advertised_host: str):
+  def __init__(self, bind_host: str, advertised_host: str, port: int = 0):
     self._lock = threading.Lock()
     self._files: dict[str, frozenset[str]] = {}  # token -> real paths
     self._server = grpc.server(
@@ -62,14 +64,20 @@ class DriverArtifactServer(
             WORKERS, thread_name_prefix='beam-pyspark-artifacts'))
     beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
         self, self._server)
-    address = f'[{bind_host}]' if ':' in bind_host else bind_host
-    port = self._server.add_insecure_port(f'{address}:0')
-    if not port:
-      raise OSError(f'The driver\'s artifact server cannot listen on '
-                    f'{bind_host}')
+    bound = _add_port(self._server, bind_host, port)
+    if not bound:
+      # The driver's name may not resolve to an address of this host (a
+      # service name): every interface, as Spark's own ports then do.
+      _LOGGER.warning('The driver\'s artifact server cannot listen on %s; '
+                      'it listens on every interface (a job\'s token is '
+                      'still needed to read its files)', bind_host)
+      bound = _add_port(self._server, '0.0.0.0', port)
+    if not bound:
+      raise OSError(f'The driver\'s artifact server cannot listen on port '
+                    f'{port} (spark.beam.artifactServer.port)')
     host = f'[{advertised_host}]' if ':' in advertised_host else (
         advertised_host)
-    self.endpoint = f'{host}:{port}'
+    self.endpoint = f'{host}:{bound}'
     self._server.start()
 
   def stop(self) -> None:
@@ -85,11 +93,6 @@ class DriverArtifactServer(
   def unregister(self, token: str) -> None:
     with self._lock:
       self._files.pop(token, None)
-
-  @property
-  def registered(self) -> int:
-    with self._lock:
-      return len(self._files)
 
   # -- ArtifactRetrievalService -------------------------------------------------
 
@@ -125,17 +128,26 @@ class DriverArtifactServer(
         yield beam_artifact_api_pb2.GetArtifactResponse(data=chunk)
 
 
+def _add_port(server, host: str, port: int) -> int:
+  """The port bound on host (0: could not)."""
+  address = f'[{host}]' if ':' in host else host
+  try:
+    return server.add_insecure_port(f'{address}:{port}')
+  except RuntimeError:  # newer gRPC raises where older returned 0
+    return 0
+
+
 _server_lock = threading.Lock()
 _server: Optional[DriverArtifactServer] = None
 
 
-def driver_server(bind_host: str, advertised_host: str
+def driver_server(bind_host: str, advertised_host: str, port: int = 0
                   ) -> DriverArtifactServer:
   """This process's server, started on first use (one per driver)."""
   global _server
   with _server_lock:
     if _server is None:
-      _server = DriverArtifactServer(bind_host, advertised_host)
+      _server = DriverArtifactServer(bind_host, advertised_host, port)
       _LOGGER.info('Executors fetch staged artifacts from %s',
                    _server.endpoint)
     return _server

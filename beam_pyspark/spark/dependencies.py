@@ -96,7 +96,7 @@ def ship_dependencies(
   if not files and not harness_paths:
     shutil.rmtree(scratch, ignore_errors=True)
     return None
-  server = driver_server(*_driver_hosts(sc))
+  server = driver_server(*_driver_address(sc))
   token = server.register([p for _, p in files] + harness_paths)
   staged = worker_deps.files_set(f for f, _ in files)
   if files:
@@ -116,15 +116,21 @@ def ship_dependencies(
       close)
 
 
-def _driver_hosts(sc) -> tuple[str, str]:
-  """(where the artifact server listens, the address executors use):
-  loopback on a local master, else where Spark's driver does
+# A fixed port for the driver's artifact server (0: a free one).
+ARTIFACT_PORT_CONF = 'spark.beam.artifactServer.port'
+
+
+def _driver_address(sc) -> tuple[str, str, int]:
+  """(where the artifact server listens, the address executors use, its
+  port): loopback on a local master, else where Spark's driver does
   (spark.driver.bindAddress, spark.driver.host)."""
-  if sc.master.startswith('local'):
-    return '127.0.0.1', '127.0.0.1'
   conf = sc.getConf()
+  port = int(conf.get(ARTIFACT_PORT_CONF, '0') or 0)
+  if sc.master.startswith('local'):
+    return '127.0.0.1', '127.0.0.1', port
   advertised = conf.get('spark.driver.host', None) or socket.getfqdn()
-  return conf.get('spark.driver.bindAddress', None) or advertised, advertised
+  return (conf.get('spark.driver.bindAddress', None) or advertised,
+          advertised, port)
 
 
 def _environments(plan: ExecutionPlan):
