@@ -96,9 +96,10 @@ class PartitionStore:
         raise RuntimeError(
             f'The job\'s checkpoint location {self.root} holds no committed '
             'micro-batch here: it was removed while the job ran, or this '
-            'executor does not see it (on a cluster it must be storage '
-            f'every executor mounts). The state of {self.node} (partition '
-            f'{self.partition}) cannot be read.') from None
+            'executor does not see it (on a cluster, set '
+            '--checkpoint_location to storage every executor mounts). The '
+            f'state of {self.node} (partition {self.partition}) cannot be '
+            'read.') from None
       raise RuntimeError(
           f'The state of {self.node} (partition {self.partition}) is missing '
           f'its file {path}: every executor must see the job\'s checkpoint '
