@@ -28,3 +28,20 @@ def importance_of(level: int) -> int:
   if level >= logging.INFO:
     return importance.JOB_MESSAGE_BASIC
   return importance.JOB_MESSAGE_DEBUG
+
+
+def forwarded(level: int, text: str) -> tuple[int, str]:
+  """(importance, text) of a log record forwarded from an executor or a
+  harness to the job's messages.
+
+  ERROR importance is the job's failure alone: the Job API's clients take
+  an ERROR message for the job's error (Java's PortableRunner reports the
+  first one, Python's the last), so a record logged at ERROR or above
+  (a user's DoFn, a harness's gRPC warnings) comes as a WARNING that says
+  its level.
+  """
+  importance = importance_of(level)
+  if importance == beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_ERROR:
+    return (beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_WARNING,
+            f'[{logging.getLevelName(level)}] {text}')
+  return importance, text

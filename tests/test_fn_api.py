@@ -6,6 +6,7 @@ side: control, data, state, logging and provisioning served by the executor.
 """
 
 import logging
+import os
 import sys
 
 import apache_beam as beam
@@ -208,3 +209,91 @@ def test_fn_api_servers_of_a_process_harness_listen_on_loopback_only(tmp_path):
   # sockets): never 0.0.0.0 or ::.
   assert all(a.removeprefix('::ffff:').startswith('127.')
              for a in addresses), addresses
+
+
+def _die_once(x, marker):
+  """Ends the harness's process the first time it sees 2 (the marker file
+  says whether it did)."""
+  import os
+  if x == 2 and not os.path.exists(marker):
+    open(marker, 'w').close()
+    os._exit(3)
+  return x
+
+
+def _worker_pool(path_first=None):
+  """Beam's worker pool, each harness in a process of its own, started
+  with ``python`` from PATH; returns (process, port)."""
+  import socket
+  import subprocess
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ)
+  # The harnesses import this module (its functions are pickled by name).
+  env['PYTHONPATH'] = os.pathsep.join(
+      [os.path.dirname(os.path.abspath(__file__)), env.get('PYTHONPATH', '')])
+  if path_first is not None:
+    env['PATH'] = os.pathsep.join([path_first, env.get('PATH', '')])
+  pool = subprocess.Popen(
+      [sys.executable, '-m', 'apache_beam.runners.worker.worker_pool_main',
+       f'--service_port={port}'], env=env)
+  return pool, port
+
+
+def _external(port):
+  return PipelineOptions([
+      '--runner=beam_pyspark.PySparkRunner', '--spark_master_url=local[2]',
+      '--environment_type=EXTERNAL', f'--environment_config=localhost:{port}'])
+
+
+def test_an_external_harness_that_goes_away_is_replaced_not_waited_for(
+    tmp_path, client_log):
+  # The runner has no process of the harness to watch, only its control
+  # stream, which ends when the process dies.
+  pool, port = _worker_pool(os.path.dirname(sys.executable))
+  try:
+    marker = str(tmp_path / 'died')
+    with beam.Pipeline(options=_external(port)) as p:
+      out = (p | beam.Create([1, 2, 3]) | beam.Reshuffle()
+             | beam.Map(_die_once, marker=marker))
+      assert_that(out, equal_to([1, 2, 3]))
+    assert os.path.exists(marker)  # it did die, and the job still ended
+    assert any('closed its' in m and 'retrying it once' in m
+               for _, m in client_log.seen), client_log.seen
+  finally:
+    pool.kill()
+    pool.wait()
+
+
+_NEVER_CONNECTS = """
+import sys
+import apache_beam as beam
+from test_fn_api import _external
+p = beam.Pipeline(options=_external(int(sys.argv[1])))
+_ = p | beam.Create([1, 2]) | beam.Map(str)
+p.run().wait_until_finish()
+"""
+
+
+def test_an_external_harness_that_never_connects_fails_the_job(tmp_path):
+  # The pool's ``python`` cannot start a harness: it dies before it
+  # connects, and the pool says nothing. A fresh program, so that its Spark
+  # workers inherit the short timeout (a worker reads it when it starts).
+  import subprocess
+  fake = tmp_path / 'bin'
+  fake.mkdir()
+  (fake / 'python').write_text('#!/bin/sh\nexit 1\n')
+  (fake / 'python').chmod(0o755)
+  pool, port = _worker_pool(str(fake))
+  try:
+    run = subprocess.run(
+        [sys.executable, '-c', _NEVER_CONNECTS, str(port)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, 'BEAM_PYSPARK_HARNESS_CONNECT_SECS': '5',
+             'PYTHONPATH': os.path.dirname(os.path.abspath(__file__))})
+  finally:
+    pool.kill()
+    pool.wait()
+  assert run.returncode != 0
+  assert 'never connected' in run.stderr, run.stderr[-3000:]

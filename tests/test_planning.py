@@ -241,3 +241,66 @@ def test_another_sdks_merging_windows_are_refused_naming_the_grouping():
   # Sessions, which Python knows, are merged by the runner whatever the SDK.
   check_supported(_as_foreign_sdk(
       _proto(lambda p: _windowed_count(p, beam.window.Sessions(10)))))
+
+
+class _Timed(beam.DoFn):
+  FLUSH = userstate.TimerSpec('flush', userstate.TimeDomain.WATERMARK)
+
+  def process(self, kv, flush=beam.DoFn.TimerParam(FLUSH)):
+    flush.set(10)
+    yield kv
+
+  @userstate.on_timer(FLUSH)
+  def on_flush(self):
+    yield 'flushed'
+
+
+def test_a_stage_of_runner_transforms_runs_in_its_neighbours_sdk():
+  # A GroupByKey before a stateful DoFn: fusion leaves the group's read and
+  # write again as a stage of no environment.
+  def build(p):
+    (p | beam.Create([('a', 1)]) | beam.GroupByKey() | beam.ParDo(_Timed())
+     | beam.Map(str))
+  python_plan = plan_pipeline(_proto(build))
+  assert [s.environment_id for s in python_plan.stages if s.kind == 'sdk'
+          ].count('') == 1  # Python's: the embedded harness runs it
+  proto = _as_foreign_sdk(_proto(build))
+  for env in proto.components.environments.values():
+    env.urn = common_urns.environments.EXTERNAL.urn
+    env.capabilities.append(
+        'beam:version:sdk_base:apache/beam_java17_sdk:2.62.0')
+  plan = plan_pipeline(proto)
+  envs = {s.environment_id for s in plan.stages if s.kind == 'sdk'}
+  assert '' not in envs and len(envs) == 1
+
+
+def test_javas_after_processing_time_without_a_delay_is_read_as_no_delay():
+  from apache_beam.transforms import trigger as beam_trigger
+  from beam_pyspark.planning.sdks import normalized_trigger
+  from beam_pyspark.planning.sdks import trigger_problem
+  # Java's AfterProcessingTime.pastFirstElementInPane(), repeated: no
+  # timestamp transform at all (Python's decoder wants one).
+  java = beam_runner_api_pb2.Trigger(
+      repeat=beam_runner_api_pb2.Trigger.Repeat(
+          subtrigger=beam_runner_api_pb2.Trigger(
+              after_processing_time=beam_runner_api_pb2.Trigger.
+              AfterProcessingTime())))
+  assert trigger_problem(java) is None
+  fn = beam_trigger.TriggerFn.from_runner_api(normalized_trigger(java), None)
+  assert repr(fn) == repr(
+      beam_trigger.Repeatedly(beam_trigger.AfterProcessingTime(0)))
+  aligned = beam_runner_api_pb2.Trigger(
+      after_processing_time=beam_runner_api_pb2.Trigger.AfterProcessingTime(
+          timestamp_transforms=[beam_runner_api_pb2.TimestampTransform(
+              align_to=beam_runner_api_pb2.TimestampTransform.AlignTo(
+                  period=1000))]))
+  assert 'alignment' in trigger_problem(aligned)
+  # Refused at Prepare, naming the GroupByKey that would need it.
+  proto = _proto(lambda p: _windowed_count(p, beam.window.FixedWindows(10)))
+  for ws in proto.components.windowing_strategies.values():
+    if ws.window_fn.urn != common_urns.global_windows.urn:
+      ws.trigger.CopyFrom(aligned)
+  with pytest.raises(UnsupportedPipelineError) as info:
+    check_supported(proto)
+  assert any('GroupByKey' in r and 'alignment' in r
+             for r in info.value.reasons)

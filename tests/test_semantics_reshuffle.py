@@ -1,5 +1,7 @@
 """Reshuffle on local[2]: elements, timestamps and windows are preserved."""
 
+import os
+
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -160,3 +162,19 @@ def test_keys_the_sdk_encodes_itself_survive_reshuffle_then_group(kind):
            | beam.MapTuple(lambda k, vs: (repr(k), sorted(vs))))
     assert_that(out, equal_to(
         [(repr(k), sorted(v)) for k, v in expected.items()]))
+
+
+def test_a_reshuffle_nothing_reads_still_runs_what_it_reshuffles(tmp_path):
+  # Beam's Go regression test LPErrorReshufflePipeline ends in a Reshuffle
+  # whose output nothing reads; its stage has no output (it failed with
+  # "not enough values to unpack"). What it reshuffles still runs.
+  seen = str(tmp_path)
+
+  def mark(x):
+    import os  # pylint: disable=import-outside-toplevel,reimported
+    open(os.path.join(seen, str(x)), 'w', encoding='utf-8').close()
+    return x
+
+  with beam.Pipeline(options=options()) as p:
+    _ = p | beam.Create([1, 2, 3]) | beam.Map(mark) | beam.Reshuffle()
+  assert sorted(os.listdir(seen)) == ['1', '2', '3']

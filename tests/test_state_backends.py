@@ -146,3 +146,54 @@ def test_a_stateful_stage_resumes_from_the_store_in_its_next_task():
     assert run([('a', 2)], PerTaskState()) == [('a', 2)]
   finally:
     harnesses.release_job(job_id)
+
+
+# -- map and set user state (multimap_keys_user_state), as Java and Go ask --
+
+
+def _map_value(map_key: bytes, user_key=b'k'):
+  return beam_fn_api_pb2.StateKey(
+      multimap_user_state=beam_fn_api_pb2.StateKey.MultimapUserState(
+          transform_id='t', user_state_id='m', window=b'w', key=user_key,
+          map_key=map_key))
+
+
+def _map_keys(user_key=b'k'):
+  return beam_fn_api_pb2.StateKey(
+      multimap_keys_user_state=beam_fn_api_pb2.StateKey.MultimapKeysUserState(
+          transform_id='t', user_state_id='m', window=b'w', key=user_key))
+
+
+def test_map_state_lists_clears_and_rolls_back_its_keys():
+  from beam_pyspark.worker.state import StoredState
+  from beam_pyspark.worker.state import task_state
+  servicer = task_state([], journaled=True)
+  servicer.append_raw(_map_value(b'\x01a'), b'v1')
+  servicer.append_raw(_map_value(b'\x01b'), b'v2')
+  servicer.append_raw(_map_value(b'\x01a'), b'v3')
+  servicer.append_raw(_map_value(b'\x01z', user_key=b'other'), b'v4')
+  assert servicer.get_raw(_map_keys()) == (b'\x01a\x01b', None)
+  assert servicer.get_raw(_map_value(b'\x01a')) == (b'v1v3', None)
+  servicer.clear(_map_value(b'\x01a'))
+  assert servicer.get_raw(_map_keys()) == (b'\x01b', None)
+  # A failed bundle's writes are undone, the map's keys with them.
+  servicer.begin_bundle()
+  servicer.append_raw(_map_value(b'\x01c'), b'v5')
+  servicer.clear(_map_keys())
+  assert servicer.get_raw(_map_keys()) == (b'', None)
+  assert servicer.get_raw(_map_value(b'\x01b')) == (b'', None)
+  servicer.rollback_bundle()
+  assert servicer.get_raw(_map_keys()) == (b'\x01b', None)
+  assert servicer.get_raw(_map_value(b'\x01b')) == (b'v2', None)
+  servicer.commit_bundle()
+  # Kept between tasks (streaming's store): the keys come back with it.
+  store = {}
+  backend = StoredState(store)
+  backend.close(servicer, succeeded=True)
+  again = backend.open([], journaled=False)
+  assert again.get_raw(_map_keys()) == (b'\x01b', None)
+  assert again.get_raw(_map_keys(b'other')) == (b'\x01z', None)
+  # Clearing the whole map removes every key's values.
+  again.clear(_map_keys())
+  assert again.get_raw(_map_value(b'\x01b')) == (b'', None)
+  assert again.get_raw(_map_keys()) == (b'', None)

@@ -264,7 +264,7 @@ def test_a_stateful_bundle_whose_state_channel_is_refused_runs_again(
     outputs = list(StageRunner(stage.job_id, stage.runtime, stage.stage).run(
         stage.inputs()))
     assert stage.decode(outputs) == EXPECTED
-    retried = [m for m in bundle_warnings if 'lost its Fn API channel' in m]
+    retried = [m for m in bundle_warnings if 'lost its harness or Fn API channel' in m]
     assert len(retried) == 1, bundle_warnings
     assert 'failed to connect to all addresses' in retried[0]
     # The broken harness was dropped; the task's next stage gets the new one.
@@ -280,7 +280,7 @@ def test_the_same_stage_on_a_working_harness_gives_the_same_output(
     outputs = list(StageRunner(stage.job_id, stage.runtime, stage.stage).run(
         stage.inputs()))
     assert stage.decode(outputs) == EXPECTED
-    assert not [m for m in bundle_warnings if 'lost its Fn API channel' in m]
+    assert not [m for m in bundle_warnings if 'lost its harness or Fn API channel' in m]
   finally:
     harnesses.release_job(stage.job_id)
 

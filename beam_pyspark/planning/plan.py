@@ -26,6 +26,8 @@ from apache_beam.utils import proto_utils
 from beam_pyspark.planning import reads
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import grouping_coders
+from beam_pyspark.planning.sdks import adopt_environments
+from beam_pyspark.planning.sdks import teststream_elements_nested
 
 DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
 DATA_OUTPUT_URN = bundle_processor.DATA_OUTPUT_URN
@@ -146,6 +148,9 @@ class StagePlan:
   # and -> the SDK's data channel coder its elements are encoded with.
   output_tags: dict[str, str] = dataclasses.field(default_factory=dict)
   element_coders: dict[str, str] = dataclasses.field(default_factory=dict)
+  # 'teststream' stages: whether the SDK encoded the elements in the nested
+  # context (planning.sdks.teststream_elements_nested).
+  nested_elements: bool = False
 
   @property
   def descriptor_id(self) -> str:
@@ -341,7 +346,10 @@ def plan_pipeline(
               read_payload=test_stream.spec.payload,
               output_tags={w: tag_of[p] for w, p in writes.items()},
               element_coders={w: channel[p] for w, p in writes.items()},
-              transform_names=[test_stream.unique_name]))
+              transform_names=[test_stream.unique_name],
+              nested_elements=any(
+                  teststream_elements_nested(components, p)
+                  for p in writes.values())))
       continue
 
     if reshuffle is not None:
@@ -419,6 +427,7 @@ def plan_pipeline(
             environment_id=stage.environment or '',
             state_backed_iterables=paging))
 
+  adopt_environments(stage_plans, components)
   return ExecutionPlan(
       components=components.SerializeToString(),
       stages=_producers_first(stage_plans),

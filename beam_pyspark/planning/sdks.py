@@ -54,6 +54,22 @@ def grouping_coders(context, sdk_coder_id: str, safe_coder_id: str
       safe_coder_id + '_windows'), False
 
 
+def teststream_elements_nested(components: beam_runner_api_pb2.Components,
+                               pcoll_id: str) -> bool:
+  """Whether a TestStream's elements for ``pcoll_id`` are encoded in the
+  nested context. Python's and Java's TestStreams encode an element as a
+  whole (the outer context); Go's ``teststream`` in the nested one (a
+  string or byte slice gets its length in front), and its own runner,
+  Prism, reads them so. Told apart by the SDK of the transforms that read
+  the PCollection."""
+  for transform in components.transforms.values():
+    if pcoll_id in transform.inputs.values() and transform.environment_id:
+      env = components.environments.get(transform.environment_id)
+      if env is not None and sdk_of(env) == 'go':
+        return True
+  return False
+
+
 def python_knows_coder(components: beam_runner_api_pb2.Components,
                        coder_id: str) -> bool:
   known = beam_coders.Coder._known_urns  # pylint: disable=protected-access
@@ -158,3 +174,88 @@ def stages_by_environment(plan) -> str:
        if env_id else f'runner {n}')
       for env_id, n in sorted(counts.items(), key=lambda kv: (not kv[0], kv[0]))]
   return 'stages by environment: ' + ', '.join(parts)
+
+
+def adopt_environments(stages, components) -> None:
+  """Stages fusion left without an environment (nothing but the runner's
+  data transforms: a GroupByKey's output read and written again for a
+  stateful stage that must start its own stage) run where their neighbours
+  run when that is another SDK's harness: the embedded Python harness,
+  which runs them otherwise, cannot build another SDK's coders (Java's
+  GroupByKey before a DoFn with timers failed so)."""
+  producers: dict[bytes, list] = {}
+  consumers: dict[bytes, list] = {}
+  for stage in stages:
+    for buffer_id in stage.outputs.values():
+      producers.setdefault(buffer_id, []).append(stage)
+    for buffer_id in stage.inputs.values():
+      consumers.setdefault(buffer_id, []).append(stage)
+  for stage in stages:
+    if stage.kind != 'sdk' or stage.environment_id:
+      continue
+    neighbours = [n for b in stage.outputs.values() for n in consumers.get(b, ())]
+    neighbours += [n for b in stage.inputs.values() for n in producers.get(b, ())]
+    for other in neighbours:
+      env = components.environments.get(other.environment_id)
+      if env is not None and sdk_of(env) != 'python':
+        # Its grouped input stays inline (planned without state-backed
+        # iterables, as for no environment).
+        stage.environment_id = other.environment_id
+        break
+
+
+def normalized_trigger(trigger: beam_runner_api_pb2.Trigger
+                       ) -> beam_runner_api_pb2.Trigger:
+  """``trigger`` as Python's TriggerFn reads it. Java encodes
+  ``AfterProcessingTime.pastFirstElementInPane()`` with no timestamp
+  transform (no delay), where Python's decoder expects one: a zero delay
+  says the same."""
+  result = beam_runner_api_pb2.Trigger()
+  result.CopyFrom(trigger)
+  stack = [result]
+  while stack:
+    t = stack.pop()
+    kind = t.WhichOneof('trigger')
+    if kind == 'after_processing_time':
+      if not t.after_processing_time.timestamp_transforms:
+        t.after_processing_time.timestamp_transforms.add().delay.delay_millis = 0
+    if kind is not None:
+      stack.extend(_subtriggers(getattr(t, kind)))
+  return result
+
+
+def trigger_problem(trigger: beam_runner_api_pb2.Trigger) -> Optional[str]:
+  """Why the runner cannot run ``trigger`` (it decodes it with Python's
+  TriggerFn), or None."""
+  from apache_beam.transforms.trigger import TriggerFn  # pylint: disable=import-outside-toplevel
+  normal = normalized_trigger(trigger)
+  stack = [normal]
+  while stack:
+    t = stack.pop()
+    if t.WhichOneof('trigger') == 'after_processing_time':
+      transforms = t.after_processing_time.timestamp_transforms
+      if len(transforms) != 1 or transforms[0].WhichOneof(
+          'timestamp_transform') != 'delay':
+        return ('an AfterProcessingTime trigger with timestamp transforms '
+                'other than one delay (alignment is not supported)')
+    kind = t.WhichOneof('trigger')
+    if kind is not None:
+      stack.extend(_subtriggers(getattr(t, kind)))
+  try:
+    TriggerFn.from_runner_api(normal, None)
+  except Exception as exn:  # pylint: disable=broad-except
+    return f'a trigger Python cannot read ({type(exn).__name__}: {exn})'
+  return None
+
+
+def _subtriggers(message) -> list:
+  """The Trigger messages a trigger kind's message holds."""
+  found = []
+  for name, field in message.DESCRIPTOR.fields_by_name.items():
+    if (field.message_type is not None and field.message_type.full_name ==
+        beam_runner_api_pb2.Trigger.DESCRIPTOR.full_name):
+      if field.label == field.LABEL_REPEATED:
+        found.extend(getattr(message, name))
+      elif message.HasField(name):
+        found.append(getattr(message, name))
+  return found

@@ -114,6 +114,12 @@ def unsupported_reasons(
           f'its SDK knows, and {_grouped(pipeline, ws_id)!r} groups them: '
           'the runner merges windows of the WindowFns and window coders '
           'Python knows (sessions among them)')
+    trigger = sdks.trigger_problem(ws.trigger) if _grouped(
+        pipeline, ws_id) else None
+    if trigger:
+      reasons.append(
+          f'{_grouped(pipeline, ws_id)!r} groups with {trigger}; the runner '
+          'runs Beam\'s triggers with Python\'s trigger driver')
 
   test_streams: list[str] = []
   structure = _structure_reasons(pipeline)

@@ -92,7 +92,8 @@ def teststream_outputs(sc, ctx, stage: StagePlan,
                        batch: TestStreamBatch) -> list:
   """A micro-batch's elements of a TestStream: (output id, RDD of
   (output id, chunk)) for each output with elements in it."""
-  from beam_pyspark.spark import tasks
+  from beam_pyspark.spark import tasks  # pylint: disable=import-outside-toplevel
+  from beam_pyspark.worker import streaming as worker_streaming  # pylint: disable=import-outside-toplevel
   payload = beam_runner_api_pb2.TestStreamPayload.FromString(
       stage.read_payload)
   outs = []
@@ -100,8 +101,10 @@ def teststream_outputs(sc, ctx, stage: StagePlan,
     events = batch.elements.get(tag)
     if events:
       outs.append((out_id, sc.parallelize(events, 1).mapPartitions(
-          tasks.TestStreamElements(ctx, payload.coder_id,
-                                   stage.element_coders[out_id]))
+          worker_streaming.TestStreamElements(ctx, payload.coder_id,
+                                              stage.element_coders[out_id],
+                                              stage.output_coders[out_id],
+                                              stage.nested_elements))
                    .map(tasks.Tag(out_id))))
   return outs
 

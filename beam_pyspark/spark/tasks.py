@@ -372,38 +372,6 @@ class StreamGroup:
           self.ctx.logs.add(captured.entries())
 
 
-class TestStreamElements:
-  """A TestStream's (timestamp micros, encoded element) events -> chunks of
-  windowed values in the SDK's data channel coding (global window, as
-  Beam's TestStream emits them)."""
-  __test__ = False  # not a pytest test class
-
-  def __init__(self, ctx: TaskContext, element_coder_id: str,
-               channel_coder_id: str):
-    self.ctx = ctx
-    self.element_coder_id = element_coder_id
-    self.channel_coder_id = channel_coder_id
-
-  def __call__(self, events):
-    from apache_beam.testing.test_stream import WindowedValueHolder
-    from apache_beam.transforms import window
-    runtime = self.ctx.runtime()
-    element_impl = runtime.coder_impl(self.element_coder_id)
-    channel_impl = runtime.coder_impl(self.channel_coder_id)
-
-    def windowed(micros, encoded):
-      value = element_impl.decode(encoded)
-      if isinstance(value, WindowedValueHolder):
-        # An element given with its windows (and pane): emitted as it is,
-        # as Beam's DirectRunner does.
-        return value.windowed_value
-      return window.GlobalWindows.windowed_value(
-          value, timestamp=Timestamp(micros=micros))
-
-    return elements.encode_stream(
-        channel_impl, (windowed(*event) for event in events))
-
-
 class KeyElements:
   """Materialized KV chunks -> (encoded key, (input id, element))."""
   def __init__(self, ctx: TaskContext, coder_id: str, transform_id: str):

@@ -33,7 +33,7 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.messages import PYTHON_LEVELS
-from beam_pyspark.messages import importance_of
+from beam_pyspark.messages import forwarded
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
@@ -331,8 +331,13 @@ class SparkPipelineJob:
 
   def _reshuffle(self, stage: StagePlan):
     (in_id, buffer_id), = stage.inputs.items()
-    (out_id, _), = stage.outputs.items()
     source = self._buffer(buffer_id)
+    if not stage.outputs:
+      # Nothing reads the reshuffled collection (Beam's Go regression test
+      # LPErrorReshufflePipeline): what it reshuffles is still computed,
+      # as the job's terminal output.
+      return source
+    (out_id, _), = stage.outputs.items()
     transcode = tasks.Transcode(
         self._ctx, stage.input_coders[in_id], stage.output_coders[out_id])
     if stage.sized:
@@ -481,7 +486,8 @@ class SparkPipelineJob:
     fresh = entries[self._logs_forwarded:]
     self._logs_forwarded = len(entries)
     for _, level, text in sorted(fresh, key=lambda e: e[0]):
-      self.log(text, importance_of(level))
+      importance, text = forwarded(level, text)
+      self.log(text, importance)
 
 
 def _log_to_python(text: str, importance: int = (

@@ -406,18 +406,24 @@ class StageRunner:
     if journal:
       self._state.begin_bundle()
     try:
-      output = h.process_bundle(
-          self._descriptor, iid, inputs, fired_timers, self._expected,
-          split=self._split, cache_token=self._cache_token)
-      error = output.response.error
-      if error and _transport_failure(error):
+      try:
+        output = h.process_bundle(
+            self._descriptor, iid, inputs, fired_timers, self._expected,
+            split=self._split, cache_token=self._cache_token)
+        error = output.response.error
+        lost = (_transport_line(error)
+                if error and _transport_failure(error) else None)
+      except harnesses.HarnessLostError as exn:
+        lost = str(exn)
+      if lost is not None:
         # The harness lost a channel to this task's Fn API servers (its
         # state or data stream: Beam's harness keeps a failed stream's error
-        # for good). Nothing of the bundle was kept: as a task retry would,
+        # for good), or went away (its process died, its control stream
+        # ended). Nothing of the bundle was kept: as a task retry would,
         # run it again on a fresh harness (new servers, new channels).
         _LOGGER.warning(
-            'Bundle %s of %s lost its Fn API channel (%s); retrying it once '
-            'on a new harness', iid, self.stage.name, _transport_line(error))
+            'Bundle %s of %s lost its harness or Fn API channel (%s); '
+            'retrying it once on a new harness', iid, self.stage.name, lost)
         if journal:
           self._state.rollback_bundle()
           self._state.begin_bundle()

@@ -12,6 +12,7 @@ from apache_beam.transforms import core
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Duration
 
+from beam_pyspark.planning.sdks import normalized_trigger
 from beam_pyspark.planning.sdks import python_knows_window_fn
 
 _MAX_JOBS = 8
@@ -24,6 +25,8 @@ class JobRuntime:
   def __init__(self, job_id: str, components: bytes):
     self.job_id = job_id
     self.components = beam_runner_api_pb2.Components.FromString(components)
+    for ws in self.components.windowing_strategies.values():
+      ws.trigger.CopyFrom(normalized_trigger(ws.trigger))
     self.context = pipeline_context.PipelineContext(self.components)
     self._impls: dict[str, object] = {}
     self._windowings: dict[str, object] = {}

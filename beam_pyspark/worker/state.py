@@ -135,22 +135,30 @@ class TaskStateServicer(worker_handlers.StateServicer):
   side-input reads stay C-level lookups."""
   def __init__(self, journaled: bool = False):
     super().__init__()
+    # Map (and set) user state: per (transform, state, window, key), the
+    # map keys that hold values, in insertion order (Beam's servicer keeps
+    # each map key's values, but cannot list the keys: Java's and Go's
+    # MapState and SetState ask for them, multimap_keys_user_state).
+    self._map_keys = collections.defaultdict(dict)
     if journaled:
       self._state = _Journaled(list)
       self._ordered_list_keys = _Journaled(
           sortedcontainers.SortedSet, snapshot=sortedcontainers.SortedSet)
+      self._map_keys = _Journaled(dict, snapshot=dict)
 
   def begin_bundle(self) -> None:
     """From now on, remember how to undo this bundle's state writes."""
     with self._lock:
       self._state.journal = {}
       self._ordered_list_keys.journal = {}
+      self._map_keys.journal = {}
 
   def commit_bundle(self) -> None:
     """Keeps the bundle's writes."""
     with self._lock:
       self._state.journal = None
       self._ordered_list_keys.journal = None
+      self._map_keys.journal = None
 
   def rollback_bundle(self) -> None:
     """Undoes every state write since ``begin_bundle``: a bundle that failed
@@ -158,6 +166,7 @@ class TaskStateServicer(worker_handlers.StateServicer):
     with self._lock:
       self._state.undo()
       self._ordered_list_keys.undo()
+      self._map_keys.undo()
       self._continuations.clear()
 
   def user_state(self) -> Iterator[tuple[bytes, list]]:
@@ -173,16 +182,52 @@ class TaskStateServicer(worker_handlers.StateServicer):
       for key, chunks in entries:
         dict.__setitem__(self._state, key, list(chunks))
         state_key = beam_fn_api_pb2.StateKey.FromString(key)
-        if state_key.WhichOneof('type') == 'ordered_list_user_state':
+        kind = state_key.WhichOneof('type')
+        if kind == 'ordered_list_user_state':
           start = state_key.ordered_list_user_state.range.start
           state_key.ordered_list_user_state.ClearField('range')
           self._ordered_list_keys[state_key.SerializeToString()].add(start)
+        elif kind == 'multimap_user_state':
+          prefix, map_key = _map_key_of(state_key)
+          self._map_keys[prefix][map_key] = None
 
   def get_raw(self, state_key, continuation_token=None):
-    if (state_key.WhichOneof('type') == 'runner' and
-        paging.is_paged_token(state_key.runner.key)):
+    kind = state_key.WhichOneof('type')
+    if kind == 'runner' and paging.is_paged_token(state_key.runner.key):
       return paging.read_page(state_key.runner.key, continuation_token)
+    if kind == 'multimap_keys_user_state':
+      # The map's keys: each as the SDK encoded it (nested), one after the
+      # other, as the Fn API's concatenated data stream.
+      with self._lock:
+        keys = dict.get(self._map_keys, state_key.SerializeToString(), {})
+        return b''.join(keys), None
     return super().get_raw(state_key, continuation_token)
+
+  def append_raw(self, state_key, data):
+    if state_key.WhichOneof('type') == 'multimap_user_state':
+      prefix, map_key = _map_key_of(state_key)
+      with self._lock:
+        self._map_keys[prefix][map_key] = None
+    return super().append_raw(state_key, data)
+
+  def clear(self, state_key):
+    kind = state_key.WhichOneof('type')
+    if kind == 'multimap_user_state':
+      prefix, map_key = _map_key_of(state_key)
+      with self._lock:
+        if dict.__contains__(self._map_keys, prefix):
+          self._map_keys[prefix].pop(map_key, None)
+    elif kind == 'multimap_keys_user_state':
+      # The whole map: every key's values.
+      prefix = state_key.SerializeToString()
+      with self._lock:
+        keys = list(dict.get(self._map_keys, prefix, {}))
+        if keys:
+          del self._map_keys[prefix]
+      for map_key in keys:
+        super().clear(_map_value_key(state_key, map_key))
+      return _DONE
+    return super().clear(state_key)
 
 
 def task_state(entries: Iterable[StateEntries],
@@ -193,6 +238,27 @@ def task_state(entries: Iterable[StateEntries],
     for key, data in entry_list:
       servicer.append_raw(beam_fn_api_pb2.StateKey.FromString(key), data)
   return servicer
+
+
+_DONE = worker_handlers._Future.done()  # pylint: disable=protected-access
+
+
+def _map_key_of(state_key: beam_fn_api_pb2.StateKey) -> tuple[bytes, bytes]:
+  """(the map's multimap_keys_user_state key, serialized; the map key)."""
+  m = state_key.multimap_user_state
+  return beam_fn_api_pb2.StateKey(
+      multimap_keys_user_state=beam_fn_api_pb2.StateKey.MultimapKeysUserState(
+          transform_id=m.transform_id, user_state_id=m.user_state_id,
+          window=m.window, key=m.key)).SerializeToString(), m.map_key
+
+
+def _map_value_key(keys_key: beam_fn_api_pb2.StateKey,
+                   map_key: bytes) -> beam_fn_api_pb2.StateKey:
+  m = keys_key.multimap_keys_user_state
+  return beam_fn_api_pb2.StateKey(
+      multimap_user_state=beam_fn_api_pb2.StateKey.MultimapUserState(
+          transform_id=m.transform_id, user_state_id=m.user_state_id,
+          window=m.window, key=m.key, map_key=map_key))
 
 
 def _is_user_state(key: bytes) -> bool:

@@ -27,15 +27,18 @@ from typing import Iterator
 from typing import Optional
 
 from apache_beam.internal import pickler
+from apache_beam.transforms import window as beam_window
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.planning.plan import GroupSpec
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.planning.sdks import python_knows_coder
 from beam_pyspark.streaming import MAX_MICROS
 from beam_pyspark.streaming.grouping import KeyedGrouper
 from beam_pyspark.streaming.timers import EVENT_TIME
 from beam_pyspark.streaming.timers import PROCESSING_TIME
 from beam_pyspark.streaming.timers import TimerTable
+from beam_pyspark.worker import elements
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.endpoints import RESIDUAL_TAG
 from beam_pyspark.worker.elements import encode_stream
@@ -271,3 +274,54 @@ def hold_back(runtime: JobRuntime, stage: StagePlan, ready,
         held.append((transform_id, encoded, wv.timestamp.micros))
     if keep:
       yield transform_id, b''.join(keep)
+
+
+class TestStreamElements:
+  """A task's function: a TestStream's (timestamp micros, encoded element)
+  events -> chunks of windowed values in the SDK's data channel coding (global window, as
+  Beam's TestStream emits them).
+
+  An element whose coder Python knows is decoded (a Python TestStream's
+  element may carry its own windows) and encoded again; one of another
+  SDK's coder stays bytes, written as the data channel's length-prefixed
+  element. ``nested``: the SDK encoded the elements in the nested context
+  (Go's; planning.sdks.teststream_elements_nested).
+  """
+  __test__ = False  # not a pytest test class
+
+  def __init__(self, ctx, element_coder_id: str,
+               channel_coder_id: str, safe_channel_coder_id: str = '',
+               nested: bool = False):
+    self.ctx = ctx
+    self.element_coder_id = element_coder_id
+    self.channel_coder_id = channel_coder_id
+    self.safe_channel_coder_id = safe_channel_coder_id or channel_coder_id
+    self.nested = nested
+
+  def __call__(self, events):
+    from apache_beam.coders import coders  # pylint: disable=import-outside-toplevel
+    from apache_beam.testing.test_stream import WindowedValueHolder  # pylint: disable=import-outside-toplevel
+    runtime = self.ctx.runtime()
+    if python_knows_coder(runtime.components, self.element_coder_id):
+      element_impl = runtime.coder_impl(self.element_coder_id)
+      channel_impl = runtime.coder_impl(self.channel_coder_id)
+      decode = (element_impl.decode_nested if self.nested else
+                element_impl.decode)
+    else:
+      # The safe channel coder's element is bytes: its nested encoding, a
+      # length and the bytes, is the SDK's length-prefixed element.
+      channel_impl = runtime.coder_impl(self.safe_channel_coder_id)
+      raw = coders.BytesCoder().get_impl()
+      decode = raw.decode_nested if self.nested else bytes
+
+    def windowed(micros, encoded):
+      value = decode(encoded)
+      if isinstance(value, WindowedValueHolder):
+        # An element given with its windows (and pane): emitted as it is,
+        # as Beam's DirectRunner does.
+        return value.windowed_value
+      return beam_window.GlobalWindows.windowed_value(
+          value, timestamp=Timestamp(micros=micros))
+
+    return elements.encode_stream(
+        channel_impl, (windowed(*event) for event in events))

@@ -38,9 +38,11 @@ from beam_pyspark.worker.harnesses.base import BundleOutput
 from beam_pyspark.worker.harnesses.base import CollectedBundle
 from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
 from beam_pyspark.worker.harnesses.base import Harness
+from beam_pyspark.worker.harnesses.base import HarnessLostError
 
 __all__ = [
     'BundleOutput', 'CollectedBundle', 'DelegatingStateHandler', 'Harness',
+    'HarnessLostError',
     'KINDS', 'acquire', 'discard', 'discard_after_error', 'kind_for',
     'release_job', 'stop_all'
 ]

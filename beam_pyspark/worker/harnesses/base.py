@@ -18,8 +18,16 @@ from typing import Union
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.runners.worker import sdk_worker
 
+from beam_pyspark.errors import PipelineExecutionError
+
 OutputElement = Union[beam_fn_api_pb2.Elements.Data,
                       beam_fn_api_pb2.Elements.Timers]
+
+class HarnessLostError(PipelineExecutionError):
+  """The harness went away while it ran a bundle (its process died, or
+  its control stream ended): nothing of the bundle was kept, so the bundle
+  may run once more on a new harness."""
+
 
 class BundleOutput(Protocol):
   """What a harness's ``process_bundle`` returns.

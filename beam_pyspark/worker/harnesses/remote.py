@@ -14,6 +14,7 @@ the environment and, for processes, the exit code.
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import logging
 import threading
@@ -25,6 +26,7 @@ from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from google.protobuf import struct_pb2
 
 from beam_pyspark.errors import PipelineExecutionError
@@ -32,6 +34,7 @@ from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import DATA_OUTPUT_URN
 from beam_pyspark.planning.validate import concrete_environment
 from beam_pyspark.worker.harnesses.base import CollectedBundle
+from beam_pyspark.worker.harnesses.base import HarnessLostError
 from beam_pyspark.worker.harnesses.base import user_state_tokens
 from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
 from beam_pyspark.worker.harnesses.base import send_input
@@ -44,6 +47,11 @@ _LOGGER = logging.getLogger(__name__)
 # quiet, so that what the bundle logged is attributed to it.
 LOG_QUIET_SECS = 0.1
 LOG_WAIT_MAX_SECS = 1.0
+# How long a harness may take to open its control stream once started (a
+# JVM loading a pipeline's classpath on a loaded machine takes tens of
+# seconds). The variable is for tests, which cannot wait that long.
+CONNECT_TIMEOUT_SECS = float(
+    os.environ.get('BEAM_PYSPARK_HARNESS_CONNECT_SECS', '180'))
 
 class RemoteHarness:
   """A harness of one environment of one job, over gRPC."""
@@ -77,6 +85,8 @@ class RemoteHarness:
     self.manager = Manager(
         environments, fn_runner.ExtendedProvisionInfo(info, job_name=job_id),
         state)
+    self.started = time.monotonic()
+    self.never_connected = False
     self.handler = self.manager.start(environment_id)
     self.runner_side = self.handler.data_conn
     self._descriptors: dict[str, beam_fn_api_pb2.ProcessBundleDescriptor] = {}
@@ -152,12 +162,22 @@ class RemoteHarness:
 
     try:
       outputs = list(conn.input_elements(iid, expected, abort_callback=abort))
+    except RuntimeError as exn:
+      if 'Channel closed prematurely' not in str(exn):
+        raise
+      # The harness's data stream ended under the bundle: it went away.
+      raise HarnessLostError(
+          f'the SDK harness closed its data stream while running bundle '
+          f'{iid} of job {self.job_id} (environment {self.environment_id!r}'
+          f', {self.environment.urn}): {exn}') from exn
     finally:
       finished.set()
       if monitor is not None:
         monitor.join()
     if dead:
-      raise PipelineExecutionError(
+      # A harness that never connected would not on a second try either.
+      raise (PipelineExecutionError if self.never_connected else
+             HarnessLostError)(
           f'{dead[0]} while running bundle {iid} of job {self.job_id} '
           f'(environment {self.environment_id!r}, {self.environment.urn}). '
           'Check the harness command and its log above.')
@@ -236,11 +256,29 @@ class RemoteHarness:
   def dead(self) -> Optional[str]:
     handler = self.handler
     if isinstance(handler, ProcessWorkerHandler):
-      return handler.dead()
+      reason = handler.dead()
+      if reason:
+        return reason
     thread = getattr(handler, 'worker_thread', None)
     if thread is not None and not thread.is_alive():
       return 'the SDK harness stopped'
-    return None
+    return _control_stream_ended(handler) or self._never_connected()
+
+  def _never_connected(self) -> Optional[str]:
+    """Why the harness is given up for never connecting, if it has not
+    opened its control stream CONNECT_TIMEOUT_SECS after it was started
+    (a worker pool whose command fails at once, as Beam's Python pool's
+    does when its ``python`` lacks Beam, reports nothing)."""
+    conn = getattr(self.handler, 'control_conn', None)
+    reader = getattr(conn, '_read_thread', None)
+    if reader is None or reader.ident is not None:
+      return None
+    waited = time.monotonic() - self.started
+    if waited < CONNECT_TIMEOUT_SECS:
+      return None
+    self.never_connected = True
+    return (f'the SDK harness never connected to the runner in {waited:.0f}s '
+            '(check its command or worker pool, and its log)')
 
   def _wait(self, future, iid):
     # ControlFuture.get(timeout) cannot tell a timeout apart; wait on its
@@ -253,7 +291,8 @@ class RemoteHarness:
         return future.get()
       reason = self.dead()
       if reason:
-        raise PipelineExecutionError(
+        raise (PipelineExecutionError if self.never_connected else
+               HarnessLostError)(
             f'{reason} while running instruction {iid} of job {self.job_id} '
             f'(environment {self.environment_id!r}).')
 
@@ -263,6 +302,22 @@ class RemoteHarness:
     except Exception:  # pylint: disable=broad-except
       _LOGGER.warning('Error stopping the SDK harness of %s', self.job_id,
                       exc_info=True)
+
+
+def _control_stream_ended(handler) -> Optional[str]:
+  """Why the harness is gone, if its control stream ended without our
+  asking: it stopped, or lost its connection to this worker's Fn API
+  servers. For an EXTERNAL harness (LOOPBACK's among them) there is no
+  process to watch, and a bundle would otherwise wait for ever for output
+  that cannot come."""
+  conn = getattr(handler, 'control_conn', None)
+  reader = getattr(conn, '_read_thread', None)
+  if (reader is not None and reader.ident is not None and
+      not reader.is_alive() and getattr(conn, '_state', None) ==
+      worker_handlers.BeamFnControlServicer.STARTED_STATE):
+    return ('the SDK harness closed its control stream (it stopped, or '
+            'lost its connection to the runner)')
+  return None
 
 
 def _read_index(infos, input_id: str) -> Optional[int]:
