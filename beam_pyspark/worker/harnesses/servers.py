@@ -40,6 +40,8 @@ from beam_pyspark.worker.setup import artifacts as job_artifacts
 
 _LOGGER = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_SECS = 0.5
+
 class _LogEntryService(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
   """The harness's log entries, into this process's logging.
 
@@ -306,6 +308,11 @@ class Manager(worker_handlers.WorkerHandlerManager):
       self._grpc_server = worker_handlers.GrpcServer(
           self.state_servicer, self._job_provision_info, self)
     self._grpc_server.advertised_host = host
+    # When the harness goes, its servers stop with this much grace for
+    # the streams still open (Beam's 5 s): a harness that does not end its
+    # data, state and logging streams once its control stream is closed
+    # (Java's LOOPBACK harness) held every job's release for 5 s a task.
+    self._grpc_server._DEFAULT_SHUTDOWN_TIMEOUT_SECS = SHUTDOWN_GRACE_SECS  # pylint: disable=protected-access
     # Beam's own address for the control service says 'localhost'.
     self._grpc_server.control_address = (
         f'{host}:{self._grpc_server.control_port}')
