@@ -54,6 +54,29 @@ def server(tmp_path_factory):
   server.stop()
 
 
+def test_a_preparation_outlives_ten_others(server):
+  """Client A prepares, ten others prepare, A's Run runs (it answered
+  NOT_FOUND when preparations counted against the history of ten)."""
+  from test_registry import _pipeline
+  done = beam_job_api_pb2.JobState.DONE
+
+  def prepare(name):
+    return server.job_stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+        pipeline=_pipeline(), job_name=name)).preparation_id
+
+  first = prepare('a')
+  others = [prepare(f'other-{i}') for i in range(10)]
+  server.job_stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=first))
+  for event in server.job_stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=first), timeout=300):
+    if event.state in (done, beam_job_api_pb2.JobState.FAILED):
+      break
+  assert event.state == done, server.log()
+  for job_id in others:  # still there, and cancellable
+    assert server.job_stub.Cancel(beam_job_api_pb2.CancelJobRequest(
+        job_id=job_id)).state == beam_job_api_pb2.JobState.CANCELLED
+
+
 def test_twenty_concurrent_wordcounts_three_rounds_all_correct(
     server, tmp_path):
   source = tmp_path / 'input.txt'
