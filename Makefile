@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope
 
-.PHONY: setup sdk-typescript sdk-go demo test bench clean
+.PHONY: setup sdk-typescript sdk-go sdk-java demo test bench clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -45,11 +45,18 @@ demo: setup
 	@echo "Most frequent words:"
 	@sort -t: -k2 -n -r out/demo/counts* | head -5
 
+# Beam's Java SDK (Maven, into ~/.m2) for tests/test_sdk_java*.py; again
+# only when sdks/java/pom.xml changes.
+JAVA_SDK_STAMP := sdks/java/target/classpath.txt
+$(JAVA_SDK_STAMP): sdks/java/pom.xml scripts/sdk-java.sh
+	@scripts/sdk-java.sh
+sdk-java: $(JAVA_SDK_STAMP)
+
 # pytest exits 5 when it collected no test: that is a failure here, never
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-typescript sdk-go
+test: setup sdk-typescript sdk-go sdk-java
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \

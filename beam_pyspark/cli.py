@@ -47,7 +47,16 @@ def _job_server_parser(sub) -> None:
   p.add_argument('--spark-conf', action='append', default=[],
                  metavar='KEY=VALUE', help='A Spark setting; repeatable.')
   p.add_argument('--max-invocation-history', type=int, default=10,
-                 help='Finished jobs kept (with their staged artifacts).')
+                 help='Ended jobs kept, with their messages and staged '
+                 'artifacts (default 10); the oldest ended job goes first. '
+                 'Preparations and running jobs do not count.')
+  p.add_argument('--max-preparations', type=int, default=64,
+                 help='Prepared jobs not run yet, at most (default 64): '
+                 'past it Prepare is refused (RESOURCE_EXHAUSTED); a '
+                 'preparation is never dropped for another.')
+  p.add_argument('--preparation-timeout-secs', type=float, default=1800.0,
+                 help='A preparation not run within this long ends FAILED '
+                 '(default 1800 s).')
   p.add_argument('--job-store', default=None,
                  help='SQLite file of the job store (default: '
                  '<artifacts-dir>/jobs.sqlite).')
@@ -60,6 +69,14 @@ def _job_server_parser(sub) -> None:
                  'may cancel and drain jobs (as Flink\'s web.cancel.enable; '
                  'default: they may). '
                  '--no-status-cancel turns it off.')
+  p.add_argument('--status-allowed-host', action='append', default=[],
+                 metavar='NAME',
+                 help='A host name the status page answers to besides its '
+                 'own (localhost, this machine\'s names, --job-host, any IP '
+                 'address): the name of a proxy or DNS alias in front of it; '
+                 'repeatable; ".example.com" allows its subdomains, "*" any '
+                 'name. Requests naming another host are refused (DNS '
+                 'rebinding).')
   p.add_argument('--shutdown-grace-secs', type=float, default=20.0,
                  help='On SIGTERM or SIGINT: how long running batch jobs may '
                  'take to finish before they are cancelled (default 20 s: '
@@ -78,6 +95,10 @@ def _job_server_parser(sub) -> None:
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
                  'over all staging streams, at most (default 32 MiB).')
+  p.add_argument('--max-artifact-bytes', type=int, default=4 << 30,
+                 help='One staged artifact\'s size, at most (default 4 GiB): '
+                 'a larger one is refused at staging. Executors stream each '
+                 'file to disk, so this bounds disk, not memory.')
 
 
 def main(argv=None) -> int:
@@ -110,11 +131,15 @@ def main(argv=None) -> int:
             spark_master_url=args.spark_master_url,
             spark_conf=conf,
             max_invocation_history=args.max_invocation_history,
+            max_preparations=args.max_preparations,
+            preparation_timeout_secs=args.preparation_timeout_secs,
             job_store=args.job_store,
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,
+            max_artifact_bytes=args.max_artifact_bytes,
             fully_qualified_name_glob=args.fully_qualified_name_glob,
             status_port=args.status_port,
             status_cancel=args.status_cancel,
+            status_allowed_hosts=list(args.status_allowed_host),
             environment_overrides=list(args.environment_override)))
   except ArtifactsDirInUseError as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)

@@ -42,6 +42,35 @@ class JobCancelledError(BeamPySparkError):
   """The job was cancelled while running."""
 
 
+# Definite signs of memory running out, and where: (pattern, what ran out).
+_OUT_OF_MEMORY = (
+    (re.compile(r'java\.lang\.OutOfMemoryError\b[^\n]*'),
+     'a JVM of Spark (the driver\'s or an executor\'s): raise '
+     'spark.driver.memory or spark.executor.memory'),
+    (re.compile(r'^(?:[\w.]+\.)?MemoryError\b[^\n]*', re.MULTILINE),
+     'a Python process: the driver\'s, or an executor\'s Python worker '
+     '(spark.executor.pyspark.memory caps those)'),
+    (re.compile(r'[^\n]*(?:exceeding memory limits|OOMKilled)[^\n]*'),
+     'a container killed at its memory limit: raise '
+     'spark.executor.memoryOverhead'),
+    (re.compile(r'[^\n]*Cannot allocate memory[^\n]*'),
+     'the host (the kernel refused memory)'),
+)
+
+
+def out_of_memory(error: str) -> Optional[str]:
+  """A first line for a job's error caused by memory running out, naming
+  the sign and where; None for any other error. The sign is often deep in
+  a py4j or Spark traceback (a JVM's OutOfMemoryError inside a
+  Py4JJavaError), where nobody reads."""
+  for pattern, where in _OUT_OF_MEMORY:
+    match = pattern.search(error)
+    if match:
+      sign = match.group(0).strip()[:300]
+      return f'Out of memory: {sign} (in {where}).'
+  return None
+
+
 _TRACEBACK = 'Traceback (most recent call last)'
 # The last line of a formatted traceback: 'pkg.mod.Name: message' or 'Name'.
 _EXCEPTION_LINE = re.compile(r'^(?P<name>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$')

@@ -24,6 +24,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from beam_pyspark.engine import OPTIONAL_METHODS
 from beam_pyspark.engine import STREAMING
 from beam_pyspark.engine import check_engine
+from beam_pyspark.engine import checked_checkpoint_location
 from beam_pyspark.engine import create_engine
 from beam_pyspark.errors import BeamPySparkError
 from beam_pyspark.events import TERMINAL_STATES
@@ -34,6 +35,7 @@ from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.errors import out_of_memory
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
@@ -83,9 +85,13 @@ class PipelineExecution:
   # -- lifecycle --------------------------------------------------------------
 
   def validate(self) -> None:
-    """Raises UnsupportedPipelineError listing everything we cannot run."""
+    """Raises UnsupportedPipelineError listing everything we cannot run,
+    InvalidOptionsError for a checkpoint location it could not use."""
     check_supported(self.pipeline)
-    check_engine(self.pipeline, self.options)
+    kind = check_engine(self.pipeline, self.options)
+    if kind == STREAMING and self.options.checkpoint_location:
+      self.options.checkpoint_location = checked_checkpoint_location(
+          self.options.checkpoint_location)
 
   def start(self) -> None:
     self.validate()
@@ -319,10 +325,14 @@ class PipelineExecution:
     if self._cancel_requested:
       self._set_state(JobState.CANCELLED)
       return
+    # Running out of memory says so first, wherever the sign was buried.
+    oom = out_of_memory(error)
+    if oom is not None and not error.startswith(oom):
+      error = f'{oom}\n\n{error}'
     self.error = error
     # One line here: the whole error (the user's traceback) is the job's
     # message, and what the runner raises.
-    _LOGGER.error('Job %s failed: %s', self.job_id, _last_line(error))
+    _LOGGER.error('Job %s failed: %s', self.job_id, oom or _last_line(error))
     self.message(error, Importance.JOB_MESSAGE_ERROR)
     self._set_state(JobState.FAILED)
 

@@ -24,6 +24,7 @@ from typing import Union
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pyspark.errors import BeamPySparkError
+from beam_pyspark.redaction import redact
 
 DEFAULT_SPLIT_AFTER_SECS = 10.0
 # Streaming reads: a micro-batch's budget, and how long one restriction
@@ -432,7 +433,7 @@ def ignored_by_job_server(job_options: dict, server_master: str) -> list[str]:
       continue
     if name == 'progress' and value == 'auto':  # the default, said by all
       continue
-    notes.append(f'--{name}={value} is ignored: {why}.')
+    notes.append(f'--{name}={redact(name, value)} is ignored: {why}.')
   return notes
 
 

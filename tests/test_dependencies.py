@@ -21,7 +21,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.sdk_dependencies import StagedDependencies
-from beam_pyspark.spark.dependencies import read_dependencies
+from beam_pyspark.spark.dependencies import collect_dependencies
 from beam_pyspark.worker.setup import dependencies as deps
 from packages import module_source
 from packages import write_wheel
@@ -56,18 +56,18 @@ def test_switching_jobs_imports_each_jobs_own_version(tmp_path):
   two, two_files = wheel_set(tmp_path / 'v2', 'isodep', '2.0')
   assert one.key != two.key
 
-  deps.activate(one, lambda: one_files, root)
+  deps.activate(one, deps.fetch_from(one_files), root)
   import isodep
   assert isodep.VERSION == '1.0'
   assert isodep.__file__.startswith(root + os.sep)
 
-  deps.activate(two, lambda: two_files, root)
+  deps.activate(two, deps.fetch_from(two_files), root)
   assert 'isodep' not in sys.modules
   import isodep  # pylint: disable=reimported
   assert isodep.VERSION == '2.0'
 
   # Back to the first: installed already, its version again.
-  deps.activate(one, lambda: pytest.fail('fetched again'), root)
+  deps.activate(one, lambda *_: pytest.fail('fetched again'), root)
   import isodep  # pylint: disable=reimported
   assert isodep.VERSION == '1.0'
 
@@ -85,7 +85,7 @@ def test_what_the_executor_has_is_not_installed_again(tmp_path):
   staged, files = wheel_set(
       tmp_path, 'needsbeam', '1.0',
       requires=['apache-beam', 'pyspark>=4', 'protobuf'])
-  installed = deps.install(staged, lambda: files, str(tmp_path / 'root'))
+  installed = deps.install(staged, deps.fetch_from(files), str(tmp_path / 'root'))
   site = sorted(
       n for n in os.listdir(installed.site_dir) if not n.startswith('_'))
   assert site == ['needsbeam', 'needsbeam-1.0.dist-info']
@@ -94,7 +94,7 @@ def test_what_the_executor_has_is_not_installed_again(tmp_path):
 def _install_in_another_process(args):
   root, directory = args
   staged, files = wheel_set(directory, 'racedep', '1.0')
-  installed = deps.install(staged, lambda: files, root)
+  installed = deps.install(staged, deps.fetch_from(files), root)
   marker = os.stat(os.path.join(installed.directory, '.complete'))
   return marker.st_ino, marker.st_mtime_ns
 
@@ -119,8 +119,8 @@ def test_a_damaged_transfer_is_refused_and_not_trusted_later(tmp_path):
   damaged = dict(files)
   damaged[deps.EXTRA_PACKAGES_FILE] = b'something else\n'
   with pytest.raises(PipelineExecutionError, match='intact'):
-    deps.install(staged, lambda: damaged, root)
-  installed = deps.install(staged, lambda: files, root)
+    deps.install(staged, deps.fetch_from(damaged), root)
+  installed = deps.install(staged, deps.fetch_from(files), root)
   assert os.listdir(installed.site_dir)
 
 
@@ -130,7 +130,7 @@ def test_unsafe_or_missing_names_are_refused(tmp_path):
   staged = deps.dependency_set({deps.EXTRA_PACKAGES_FILE: b'absent.whl\n'})
   with pytest.raises(PipelineExecutionError, match='absent.whl'):
     deps.install(
-        staged, lambda: {deps.EXTRA_PACKAGES_FILE: b'absent.whl\n'},
+        staged, deps.fetch_from({deps.EXTRA_PACKAGES_FILE: b'absent.whl\n'}),
         str(tmp_path / 'root'))
 
 
@@ -187,7 +187,10 @@ def test_driver_reads_what_executors_need_and_skips_the_rest(tmp_path):
       'other': [_file(tmp_path / 'a.whl', 'a.whl')],
   })
   messages = []
-  contents, requirements = read_dependencies(plan, messages.append)
+  scratch = tmp_path / 'scratch'
+  scratch.mkdir()
+  found = collect_dependencies(plan, str(scratch), messages.append)
+  contents = {f.name: open(path, 'rb').read() for f, path in found}
   digest_name = [n for n in contents if n not in (
       'a.whl', 'requirements.txt', 'inline.txt')]
   assert sorted(contents) == sorted(
@@ -195,7 +198,14 @@ def test_driver_reads_what_executors_need_and_skips_the_rest(tmp_path):
   assert len(digest_name) == 1 and len(digest_name[0]) == 64
   assert contents['a.whl'] == b'a.whl'
   assert contents['inline.txt'] == b'inline'
-  assert requirements == {'requirements.txt', digest_name[0]}
+  assert {f.name for f, _ in found if f.requirements} == {
+      'requirements.txt', digest_name[0]}
+  # Files are served where they lie; embedded data is written out.
+  paths = {f.name: path for f, path in found}
+  assert paths['a.whl'] == str(tmp_path / 'a.whl')
+  assert os.path.dirname(paths['inline.txt']) == str(scratch)
+  for f, path in found:
+    assert f.size == os.path.getsize(path)
   assert any(deps.STAGED_SDK_SOURCES_FILE in m for m in messages)
 
 
@@ -211,8 +221,8 @@ def test_another_sdks_artifacts_are_not_shipped_to_pythons(tmp_path):
   java.capabilities.append(
       'beam:version:sdk_base:apache/beam_java17_sdk:2.62.0')
   plan.components = components.SerializeToString()
-  contents, _ = read_dependencies(plan)
-  assert sorted(contents) == ['a.whl']
+  found = collect_dependencies(plan, str(tmp_path))
+  assert [f.name for f, _ in found] == ['a.whl']
 
 
 def test_two_environments_disagreeing_on_a_file_are_refused(tmp_path):
@@ -221,13 +231,13 @@ def test_two_environments_disagreeing_on_a_file_are_refused(tmp_path):
   plan = _plan({'env1': [_file(tmp_path / 'one', 'requirements.txt')],
                 'env2': [_file(tmp_path / 'two', 'requirements.txt')]})
   with pytest.raises(PipelineExecutionError, match="'requirements.txt'"):
-    read_dependencies(plan)
+    collect_dependencies(plan, str(tmp_path))
 
 
 def test_unreadable_artifact_names_itself(tmp_path):
   plan = _plan({'env': [_file(tmp_path / 'gone.whl', 'gone.whl')]})
   with pytest.raises(PipelineExecutionError, match="'gone.whl'"):
-    read_dependencies(plan)
+    collect_dependencies(plan, str(tmp_path))
 
 
 def test_runner_stages_like_portable_runner_and_cleans_up(tmp_path):
@@ -272,7 +282,7 @@ def test_files_to_stage_are_importable_as_beam_workers_make_them(tmp_path):
   """Beam's sdk_worker_main puts the staged directory on sys.path."""
   staged = deps.dependency_set({'stagedhelper.py': b'ANSWER = 42\n'})
   deps.activate(
-      staged, lambda: {'stagedhelper.py': b'ANSWER = 42\n'},
+      staged, deps.fetch_from({'stagedhelper.py': b'ANSWER = 42\n'}),
       str(tmp_path / 'root'))
   import stagedhelper
   assert stagedhelper.ANSWER == 42
@@ -299,6 +309,6 @@ def test_a_package_that_does_not_build_fails_with_pips_words(tmp_path):
       deps.EXTRA_PACKAGES_FILE: f'{sdist.name}\n'.encode()}
   root = tmp_path / 'root'
   with pytest.raises(PipelineExecutionError, match='brokendep cannot build'):
-    deps.install(deps.dependency_set(contents), lambda: contents, str(root))
+    deps.install(deps.dependency_set(contents), deps.fetch_from(contents), str(root))
   # Nothing that a retry would take for a finished install.
   assert [n for n in os.listdir(root) if not n.endswith('.lock')] == []

@@ -238,6 +238,19 @@ def _worker_pool(path_first=None):
   pool = subprocess.Popen(
       [sys.executable, '-m', 'apache_beam.runners.worker.worker_pool_main',
        f'--service_port={port}'], env=env)
+  # Serving once it accepts connections (importing Beam takes seconds; a
+  # warm Spark asks for a harness at once).
+  import time
+  deadline = time.monotonic() + 60
+  while True:
+    try:
+      with socket.create_connection(('127.0.0.1', port), timeout=1):
+        break
+    except OSError:
+      if pool.poll() is not None or time.monotonic() > deadline:
+        pool.kill()
+        raise RuntimeError(f'the worker pool did not start ({pool.poll()})')
+      time.sleep(0.2)
   return pool, port
 
 

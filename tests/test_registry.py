@@ -8,6 +8,7 @@ through Spark is tested in test_jobservice.py; this is the state machine.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent import futures
@@ -90,19 +91,28 @@ def executor():
   return Executor()
 
 
-@pytest.fixture
-def api(executor, tmp_path):
-  """(stub, service) over a real gRPC server on a free port."""
-  service = JobService(executor, store=JobStore(str(tmp_path / 'jobs.sqlite')),
-                       max_invocation_history=3)
+@contextlib.contextmanager
+def _served(service):
+  """A stub of ``service`` over a real gRPC server on a free port."""
   server = grpc.server(futures.ThreadPoolExecutor(8))
   beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(service, server)
   port = server.add_insecure_port('127.0.0.1:0')
   server.start()
   channel = grpc.insecure_channel(f'127.0.0.1:{port}')
-  yield beam_job_api_pb2_grpc.JobServiceStub(channel), service
-  channel.close()
-  server.stop(None)
+  try:
+    yield beam_job_api_pb2_grpc.JobServiceStub(channel)
+  finally:
+    channel.close()
+    server.stop(None)
+
+
+@pytest.fixture
+def api(executor, tmp_path):
+  """(stub, service) over a real gRPC server on a free port."""
+  service = JobService(executor, store=JobStore(str(tmp_path / 'jobs.sqlite')),
+                       max_invocation_history=3)
+  with _served(service) as stub:
+    yield stub, service
 
 
 def _prepare(stub, name='job', options=None):
@@ -439,19 +449,47 @@ def test_a_huge_job_name_is_refused(api):
   assert stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info == []
 
 
-def test_preparations_count_against_the_history(api, executor):
-  stub, service = api  # history of 3
+def test_preparations_are_bounded_apart_from_the_history(api, executor):
+  stub, _ = api  # history of 3
   done = _prepare(stub).preparation_id
   stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=done))
   executor.executions[done].emit(JobState.DONE)
-  prepared = [_prepare(stub).preparation_id for _ in range(8)]
+  # Issue 26: client A prepares, ten others prepare, A's Run found nothing.
+  first = _prepare(stub).preparation_id
+  others = [_prepare(stub).preparation_id for _ in range(10)]
   listed = [j.job_id for j in stub.GetJobs(
       beam_job_api_pb2.GetJobsRequest()).job_info]
-  # The ended job went first, then the oldest preparations.
-  assert listed == prepared[-3:]
-  # The newest preparations still run.
-  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=prepared[-1]))
-  assert _state(stub, prepared[-1]) == JobState.RUNNING
+  # No preparation pushed out another, nor the ended job (history of 3).
+  assert listed == [done, first] + others
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=first))
+  assert _state(stub, first) == JobState.RUNNING
+  # Ending jobs trims the history to its bound: ended jobs only.
+  for job_id in [first] + others[:4]:
+    if job_id != first:
+      stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+    executor.executions[job_id].emit(JobState.DONE)
+  listed = [j.job_id for j in stub.GetJobs(
+      beam_job_api_pb2.GetJobsRequest()).job_info]
+  assert listed == others[1:]  # 3 ended, 6 prepared
+  assert all(_state(stub, j) == JobState.STOPPED for j in others[4:])
+
+
+def test_past_the_preparation_bound_prepare_is_refused(executor):
+  service = JobService(executor, max_preparations=2, max_invocation_history=1,
+                       preparation_timeout_secs=600)
+  with _served(service) as stub:
+    kept = [_prepare(stub).preparation_id for _ in range(2)]
+    with pytest.raises(grpc.RpcError) as info:
+      _prepare(stub, name='third')
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert '--max-preparations 2' in info.value.details()
+    assert '600 s' in info.value.details()
+    # Both still run; once one has, there is room again.
+    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=kept[0]))
+    assert _prepare(stub, name='fourth').preparation_id
+    assert _state(stub, kept[1]) == JobState.STOPPED
+    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=kept[1]))
+    assert _state(stub, kept[1]) == JobState.RUNNING
 
 
 def test_a_running_job_is_never_dropped_for_preparations(api, executor):

@@ -61,6 +61,14 @@ def test_a_task_that_fails_leaves_the_cache_without_its_state(tmp_path):
 
 
 def test_a_missing_state_file_names_the_checkpoint_location(tmp_path):
-  with pytest.raises(RuntimeError, match='--checkpoint_location'):
+  # No committed micro-batch there at all: removed, or not seen here.
+  with pytest.raises(RuntimeError, match='--checkpoint_location') as info:
     store_io.PartitionStore(str(tmp_path), 'job-c', 'n', 0,
                             ('state/none/0/gone',)).load()
+  assert 'removed while the job ran' in str(info.value)
+  # Commits are there, one state file is not: every executor must see it.
+  (tmp_path / 'manifests').mkdir()
+  with pytest.raises(RuntimeError, match='--checkpoint_location') as info:
+    store_io.PartitionStore(str(tmp_path), 'job-d', 'n', 0,
+                            ('state/none/0/gone',)).load()
+  assert 'every executor must see' in str(info.value)

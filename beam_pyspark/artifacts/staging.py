@@ -72,6 +72,11 @@ _LOGGER = logging.getLogger(__name__)
 # byte for byte in the job server's resident memory, on top of gRPC's own
 # receive buffers. 16 of Beam's 2 MB chunks absorb bursts just as well.
 DEFAULT_MAX_BUFFERED_BYTES = 32 << 20
+# One artifact's size, at most: its stream is refused past it, naming the
+# limit and the flag. Executors stream each file to disk from the driver
+# (artifacts.driver), so memory does not bound it; the disks of the
+# artifact store and of every executor host do.
+DEFAULT_MAX_ARTIFACT_BYTES = 4 << 30
 
 
 
@@ -126,6 +131,8 @@ class ArtifactStagingService(
     root: the staging directory; every stored file is directly inside it.
     max_buffered_bytes: chunks received but not yet written, over all
       streams, at most (a single larger chunk is let through alone).
+    max_artifact_bytes: one artifact's size at most; a stream sending a
+      larger one fails (RESOURCE_EXHAUSTED), its files removed.
     writers: threads writing artifacts, shared by all streams.
     file_writer: opens a path for binary writing; ``open(path, 'xb')`` by
       default. Injectable so tests can simulate slow or failing disks.
@@ -138,6 +145,7 @@ class ArtifactStagingService(
       root: str,
       max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
       writers: int = 4,
+      max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
       file_writer: Optional[FileWriter] = None,
       manifest_dir: Optional[str] = None):
     if max_buffered_bytes <= 0:
@@ -149,6 +157,7 @@ class ArtifactStagingService(
     self.root = self.store.root
     self._manifests = ManifestStore(manifest_dir) if manifest_dir else None
     self.budget = ByteBudget(max_buffered_bytes)
+    self.max_artifact_bytes = max_artifact_bytes
     self.writers = concurrent.futures.ThreadPoolExecutor(
         max_workers=writers, thread_name_prefix='artifact-writer')
     self._lock = threading.Lock()

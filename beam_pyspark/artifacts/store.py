@@ -330,6 +330,7 @@ class ArtifactSink:
     self.environment = environment
     self.artifact = artifact
     self.name = artifact_hint(artifact)
+    self.received = 0  # bytes put so far (the stream's reader only)
     self.result: concurrent.futures.Future[StoredBlob] = (
         concurrent.futures.Future())
     self._store = store

@@ -59,6 +59,7 @@ class StagingHost(Protocol):
   store: BlobStore
   budget: ByteBudget
   writers: concurrent.futures.Executor
+  max_artifact_bytes: int
 
   def record_staged(self, staging_token: str, files: Sequence[str],
                     resolved: DependencySets) -> None:
@@ -258,6 +259,16 @@ class StagingStream:
   def _feed(self, sink: ArtifactSink, data: bytes) -> None:
     if not data:
       return
+    sink.received += len(data)
+    limit = self._host.max_artifact_bytes
+    if sink.received > limit:
+      self.fail(Failure(
+          grpc.StatusCode.RESOURCE_EXHAUSTED,
+          f'Staging artifacts for {self.staging_token!r} refused: '
+          f'{sink.name!r} (environment {sink.environment!r}) is larger than '
+          f'the {limit} bytes ({limit / (1 << 20):.0f} MiB) this job server '
+          'accepts for one artifact (--max-artifact-bytes).'))
+      raise _StreamAbandoned()
     # Blocking here is the back-pressure: while we do not read, gRPC's flow
     # control stops the client.
     if not self._budget.acquire(len(data), lambda: self.failed):

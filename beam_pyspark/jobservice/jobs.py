@@ -37,6 +37,7 @@ from beam_pyspark.jobservice.records import Job
 from beam_pyspark.jobservice.records import JobSnapshot
 from beam_pyspark.jobservice.records import JobStateError
 from beam_pyspark.jobservice.records import ShuttingDownError
+from beam_pyspark.jobservice.records import TooManyPreparationsError
 from beam_pyspark.jobservice.records import UnknownJobError
 from beam_pyspark.jobservice.recovery import Resume
 from beam_pyspark.jobservice.recovery import StreamingRecovery
@@ -46,9 +47,17 @@ from beam_pyspark.jobservice.store import JobStore
 
 _LOGGER = logging.getLogger(__name__)
 
+# Ended jobs kept (their records, messages and staged artifacts): the
+# history bound. Jobs not ended yet never count against it.
 DEFAULT_MAX_INVOCATION_HISTORY = 10
+# Preparations not run yet, at most: a bound of their own, so that clients
+# preparing at once never push each other's preparations out (twenty
+# concurrent clients against a history of ten lost a job that way). Past
+# it, Prepare is refused; a preparation itself ends only when it is run,
+# cancelled, or expires.
+DEFAULT_MAX_PREPARATIONS = 64
 # A preparation not run within this long is expired (as Beam's Java job
-# service times out staging): it ends FAILED, saying so, and leaves the
+# service times out staging): it ends FAILED, saying so, and joins the
 # history like any ended job.
 DEFAULT_PREPARATION_TIMEOUT_SECS = 1800.0
 # Beam's clients send short names ('job', or the user's --job_name).
@@ -85,8 +94,10 @@ class JobRegistry(Restarts):
       on_evict: Optional[Callable[[str], None]] = None,
       clock: Callable[[], float] = time.time,
       preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS,
-      recovery: Optional[StreamingRecovery] = None):
+      recovery: Optional[StreamingRecovery] = None,
+      max_preparations: int = DEFAULT_MAX_PREPARATIONS):
     self._invoke = invoke
+    self._max_preparations = max_preparations
     # None: every job left unfinished by an earlier run ends FAILED.
     self._recovery = recovery
     self._preparation_timeout = preparation_timeout_secs
@@ -150,10 +161,11 @@ class JobRegistry(Restarts):
 
   def prepare(self, job_name: str, pipeline: beam_runner_api_pb2.Pipeline,
               options: dict, job_id: Optional[str] = None) -> JobSnapshot:
-    """A new job, prepared (STOPPED); counts against the history.
+    """A new job, prepared (STOPPED) until it is run, cancelled or expires.
 
     Its id is ``job_id`` if given (unique), else the name and a UUID.
-    Raises ValueError for a name longer than MAX_JOB_NAME_CHARS."""
+    Raises ValueError for a name longer than MAX_JOB_NAME_CHARS, and
+    TooManyPreparationsError when ``max_preparations`` wait already."""
     if self._closing:
       raise ShuttingDownError(
           'The job server is stopping and takes no new jobs; submit the job '
@@ -166,16 +178,25 @@ class JobRegistry(Restarts):
     job_id = job_id or f'{job_name}_{uuid.uuid4()}'
     job = Job(job_id, job_name, options, self._clock(), f'token-{job_id}',
                pipeline=pipeline)
-    self._store.put_job(
-        JobRecord(job_id=job_id, job_name=job_name, options=options,
-                  created=job.created, staging_token=job.staging_token,
-                  pipeline=pipeline.SerializeToString()))
     with self._cond:
+      # Checked and taken under the lock: concurrent Prepares never pass
+      # the bound together.
+      waiting = len(self._preparations())
+      if waiting >= self._max_preparations:
+        raise TooManyPreparationsError(
+            f'{waiting} prepared jobs wait to be run, the most this job '
+            f'server keeps (--max-preparations {self._max_preparations}); '
+            'run or cancel them, or wait: a preparation not run within '
+            f'{self._preparation_timeout:.0f} s expires '
+            '(--preparation-timeout-secs).')
+      self._store.put_job(
+          JobRecord(job_id=job_id, job_name=job_name, options=options,
+                    created=job.created, staging_token=job.staging_token,
+                    pipeline=pipeline.SerializeToString()))
       self._jobs[job_id] = job
       self._append_state(job, StateEvent(job.created, JobState.STOPPED))
       self._cond.notify_all()
       snapshot = job.snapshot()
-    self._make_room()
     return snapshot
 
   def _preparations(self) -> list[Job]:
@@ -184,21 +205,6 @@ class JobRegistry(Restarts):
     return sorted((j for j in self._jobs.values()
                    if not j.has_run and not j.terminal),
                   key=lambda j: j.created)
-
-  def _make_room(self) -> None:
-    """Preparations count against the history: past the bound, the oldest
-    ended jobs go first, then the oldest preparations expire."""
-    while True:
-      with self._cond:
-        preparations = self._preparations()
-        if len(self._finished) + len(preparations) <= self._max_history:
-          return
-        dropped = self._trim(extra=len(preparations))
-        oldest = None if dropped else preparations[0]
-      self._evict(dropped)
-      if oldest is not None:
-        self._expire(oldest, 'The history of jobs is full: this '
-                     'preparation, the oldest one not run, was dropped.')
 
   def expire_preparations(self) -> None:
     """Ends preparations not run within the preparation timeout."""
@@ -320,15 +326,15 @@ class JobRegistry(Restarts):
         job.final_status = status
     with self._cond:
       self._finished.append(job_id)
-      dropped = self._trim(extra=len(self._preparations()))
+      dropped = self._trim()
     self._evict(dropped)
 
-  def _trim(self, extra: int = 0) -> list[tuple[str, Optional[str]]]:
-    """Drops the oldest ended jobs past the bound, ``extra`` other jobs
-    counting against it too (caller holds the lock, or is alone); returns
-    (job id, staging token) of each."""
+  def _trim(self) -> list[tuple[str, Optional[str]]]:
+    """Drops the oldest ended jobs past the history bound (caller holds the
+    lock, or is alone); returns (job id, staging token) of each. Only ended
+    jobs count: preparations and running jobs are never dropped."""
     dropped = []
-    while self._finished and len(self._finished) + extra > self._max_history:
+    while self._finished and len(self._finished) > self._max_history:
       job_id = self._finished.popleft()
       job = self._jobs.pop(job_id, None)
       self._store.delete_job(job_id)

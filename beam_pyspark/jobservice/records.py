@@ -34,6 +34,10 @@ class ShuttingDownError(Exception):
   """The service is stopping: it takes no new jobs."""
 
 
+class TooManyPreparationsError(Exception):
+  """As many preparations as the service keeps wait to be run."""
+
+
 @dataclasses.dataclass(frozen=True)
 class JobSnapshot:
   """What readers (the Job API, the status page) see of one job."""

@@ -35,6 +35,8 @@ from typing import Union
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.engine import STREAMING
+from beam_pyspark.engine import checked_checkpoint_location
+from beam_pyspark.engine import checkpoint_path
 from beam_pyspark.engine import engine_kind
 from beam_pyspark.engine import last_committed
 from beam_pyspark.options import RunnerOptions
@@ -78,19 +80,13 @@ class StreamingRecovery:
     """Before the job's engine is built: a streaming job's checkpoint
     location is its own option, else the server's for it; the directory is
     made now, so that after a restart a missing one means it was removed,
-    not that the job had yet to make it. Raises ValueError (an option the
-    server cannot honour) for a location it cannot create."""
+    not that the job had yet to make it. Raises InvalidOptionsError (a
+    ValueError: an option the server cannot honour) for a location of a
+    scheme it cannot write, or that it cannot create or write to."""
     if engine_kind(pipeline, options) != STREAMING:
       return
-    location = options.checkpoint_location or self.owned(job_id)
-    try:
-      os.makedirs(location, exist_ok=True)
-    except OSError as exn:
-      raise ValueError(
-          f'--checkpoint_location={location}: the job server cannot create '
-          f'it ({exn}); give a directory it can write to, or none for one '
-          f'under its --artifacts-dir') from exn
-    options.checkpoint_location = location
+    options.checkpoint_location = checked_checkpoint_location(
+        options.checkpoint_location or self.owned(job_id))
 
   def after_restart(self, job_id: str, pipeline: beam_runner_api_pb2.Pipeline,
                     options: dict) -> Union[Resume, str, None]:
@@ -103,7 +99,8 @@ class StreamingRecovery:
     kind = engine_kind(pipeline, runner_options)
     if kind != STREAMING:
       return None
-    location = runner_options.checkpoint_location or self.owned(job_id)
+    location = checkpoint_path(
+        runner_options.checkpoint_location or self.owned(job_id))
     if not os.path.isdir(location):
       return (f'The job server stopped while this streaming job was running, '
               f'and its checkpoint directory {location} is gone, so it cannot '

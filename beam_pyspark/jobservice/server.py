@@ -15,9 +15,12 @@ from apache_beam.portability.api import beam_artifact_api_pb2_grpc
 from apache_beam.portability.api import beam_expansion_api_pb2_grpc
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
+from beam_pyspark.artifacts.staging import DEFAULT_MAX_ARTIFACT_BYTES
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
 from beam_pyspark.jobservice.health import health_handler
 from beam_pyspark.jobservice.recovery import StreamingRecovery
+from beam_pyspark.jobservice.jobs import DEFAULT_MAX_PREPARATIONS
+from beam_pyspark.jobservice.jobs import DEFAULT_PREPARATION_TIMEOUT_SECS
 from beam_pyspark.jobservice.service import DEFAULT_MAX_INVOCATION_HISTORY
 from beam_pyspark.jobservice.service import JobService
 from beam_pyspark.jobservice.store import JobStore
@@ -35,9 +38,14 @@ class JobServerConfig:
   artifacts_dir: Optional[str] = None
   spark_master_url: str = 'local[*]'
   spark_conf: dict = dataclasses.field(default_factory=dict)
+  # Ended jobs kept; preparations not run yet are bounded apart, and
+  # expire after their timeout only.
   max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY
+  max_preparations: int = DEFAULT_MAX_PREPARATIONS
+  preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS
   job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
   max_staging_buffer_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+  max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES
   # Which Python transforms the expansion service may build by name
   # (beam:transforms:python:fully_qualified_named), e.g. 'apache_beam.*'.
   # None, Beam's default, allows none.
@@ -46,6 +54,8 @@ class JobServerConfig:
   status_port: Optional[int] = None
   # Whether the status page may cancel jobs (Flink's web.cancel.enable).
   status_cancel: bool = True
+  # Host names the status page answers to besides its own (web.hosts).
+  status_allowed_hosts: list = dataclasses.field(default_factory=list)
   # IMAGE_GLOB=SPEC for Docker environments (planning.environments).
   environment_overrides: list = dataclasses.field(default_factory=list)
 
@@ -136,6 +146,7 @@ class JobServer:
     self.staging = ArtifactStagingService(
         os.path.join(root, 'staged'),
         max_buffered_bytes=config.max_staging_buffer_bytes,
+        max_artifact_bytes=config.max_artifact_bytes,
         manifest_dir=os.path.join(root, 'staged-jobs'))
     # URL artifacts are fetched when workers ask, and only the URLs staged
     # jobs depend on.
@@ -172,7 +183,9 @@ class JobServer:
         max_invocation_history=config.max_invocation_history,
         spark_master=config.spark_master_url,
         recovery=self.checkpoints,
-        environment_overrides=parse_overrides(config.environment_overrides))
+        environment_overrides=parse_overrides(config.environment_overrides),
+        max_preparations=config.max_preparations,
+        preparation_timeout_secs=config.preparation_timeout_secs)
     self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)
@@ -234,7 +247,9 @@ class JobServer:
     pages = StatusPages(self.service.registry,
                         cancel_enabled=self.config.status_cancel)
     try:
-      self._status = StatusServer(pages, self.config.job_host, port).start()
+      self._status = StatusServer(
+          pages, self.config.job_host, port,
+          allowed_hosts=self.config.status_allowed_hosts).start()
     except OSError as exn:
       _LOGGER.warning('No status page: could not listen on %s:%s (%s)',
                       self.config.job_host, port, exn)

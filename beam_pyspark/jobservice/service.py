@@ -28,10 +28,13 @@ from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
 from beam_pyspark.jobservice.jobs import DEFAULT_MAX_INVOCATION_HISTORY
+from beam_pyspark.jobservice.jobs import DEFAULT_MAX_PREPARATIONS
+from beam_pyspark.jobservice.jobs import DEFAULT_PREPARATION_TIMEOUT_SECS
 from beam_pyspark.jobservice.jobs import Invoke
 from beam_pyspark.jobservice.jobs import JobRegistry
 from beam_pyspark.jobservice.jobs import JobStateError
 from beam_pyspark.jobservice.jobs import ShuttingDownError
+from beam_pyspark.jobservice.jobs import TooManyPreparationsError
 from beam_pyspark.jobservice.jobs import UnknownJobError
 from beam_pyspark.jobservice.recovery import StreamingRecovery
 from beam_pyspark.jobservice.store import JobStore
@@ -44,6 +47,7 @@ from beam_pyspark.planning import plan_pipeline
 from beam_pyspark.planning.environments import EnvironmentOverride
 from beam_pyspark.planning.environments import apply_overrides
 from beam_pyspark.planning.environments import parse_all as parse_overrides
+from beam_pyspark.redaction import redact_options
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -83,6 +87,8 @@ def _refusal(exn: BaseException) -> Optional[Refusal]:
     return Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(exn))
   if isinstance(exn, ShuttingDownError):
     return Refusal(grpc.StatusCode.UNAVAILABLE, str(exn))
+  if isinstance(exn, TooManyPreparationsError):
+    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exn))
   return None
 
 
@@ -160,7 +166,9 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY,
       spark_master: str = '',
       recovery: Optional[StreamingRecovery] = None,
-      environment_overrides: Sequence[EnvironmentOverride] = ()):
+      environment_overrides: Sequence[EnvironmentOverride] = (),
+      max_preparations: int = DEFAULT_MAX_PREPARATIONS,
+      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS):
     self._staging = staging
     self._environment_overrides = list(environment_overrides)
     self._staging_endpoint = staging_endpoint
@@ -168,7 +176,8 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
     self.registry = JobRegistry(
         invoke, store=store, max_invocation_history=max_invocation_history,
         on_evict=staging.remove_job if staging is not None else None,
-        recovery=recovery)
+        recovery=recovery, max_preparations=max_preparations,
+        preparation_timeout_secs=preparation_timeout_secs)
 
   def resume_interrupted(self) -> list[str]:
     """Runs again, from their checkpoints, the streaming jobs an earlier
@@ -304,13 +313,14 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
 
   @_unary
   def GetJobs(self, request, context=None):
-    """Every job; their options only while the answer stays well under
-    gRPC's default 4 MB message limit (newest jobs first get theirs)."""
+    """Every job; their options (secret-looking values redacted, as on the
+    status page) only while the answer stays well under gRPC's default
+    4 MB message limit (newest jobs first get theirs)."""
     infos, budget = [], GET_JOBS_OPTIONS_BYTES
     for job in reversed(self.registry.jobs()):
       info = beam_job_api_pb2.JobInfo(
           job_id=job.job_id, job_name=job.job_name, state=job.state)
-      options = job_utils.dict_to_struct(job.options)
+      options = job_utils.dict_to_struct(redact_options(job.options))
       if options.ByteSize() <= budget:
         info.pipeline_options.CopyFrom(options)
         budget -= options.ByteSize()

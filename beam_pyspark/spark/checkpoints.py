@@ -25,8 +25,11 @@ import pickle
 import re
 import shutil
 import tempfile
+from typing import Callable
 from typing import Optional
 
+from beam_pyspark.errors import JobCancelledError
+from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.streaming.checkpoints import Manifest
 from beam_pyspark.streaming.checkpoints import ManifestBook
@@ -39,6 +42,28 @@ MAX_SIDE_SEGMENTS = 16
 _MANIFESTS = 'manifests'
 _FILES = 'files'
 _STATE = 'state'
+
+
+def after_failure(checkpoint: 'JobCheckpoint', location: str,
+                  error: BaseException, log: Callable[[str], None]) -> None:
+  """What a failed job says of its checkpoint: where to resume from;
+  unless it is gone, when its removal is most likely why the job failed
+  (Spark's own commit fails first, 'File .../commits/.1.tmp does not
+  exist'): then that is raised as the job's error, and no resume hint
+  is given."""
+  if not checkpoint.gone():
+    log(f'The job\'s state as of its last committed micro-batch is kept in '
+        f'{location}: run the same pipeline with this --checkpoint_location '
+        'to resume from it.')
+    return
+  log(f'The job\'s checkpoint location {location} is gone, so nothing can '
+      'resume the job: run the pipeline again to start it over.')
+  if isinstance(error, Exception) and not isinstance(error, JobCancelledError):
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    raise PipelineExecutionError(
+        f'The job\'s checkpoint location {location} was removed while the '
+        f'job ran, and the job cannot go on without it. The error: '
+        f'{lines[0] if lines else type(error).__name__}') from error
 
 
 def default_location(job_id: str) -> str:
@@ -153,6 +178,16 @@ class JobCheckpoint:
     self._state_files.clear()
     self.dir.remove(manifests, files)
 
+  def gone(self) -> bool:
+    """Whether the checkpoint was removed under the job: its last
+    committed manifest is missing. (Spark writes its own logs to the same
+    location and makes the directory again, so the directory alone says
+    nothing.)"""
+    latest = self.book.latest
+    return not (os.path.isfile(self.dir.manifest_path(latest.batch))
+                if latest is not None else
+                os.path.isdir(os.path.join(self.path, _MANIFESTS)))
+
   def delete(self) -> None:
     self.dir.delete()
 
@@ -178,8 +213,16 @@ class CheckpointDir:
     with open(os.path.join(self.path, name), 'rb') as f:
       return f.read()
 
+  def manifest_path(self, batch: int) -> str:
+    return os.path.join(self.path, _MANIFESTS, str(batch))
+
   def commit(self, manifest: Manifest) -> None:
-    self._write(os.path.join(self.path, _MANIFESTS, str(manifest.batch)),
+    if not os.path.isdir(os.path.join(self.path, _MANIFESTS)):
+      raise PipelineExecutionError(
+          f'The job\'s checkpoint location {self.path} is gone (removed '
+          f'while the job ran?): micro-batch {manifest.batch} cannot '
+          'commit.')
+    self._write(self.manifest_path(manifest.batch),
                 pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
 
   def remove(self, batches: list[int], files: list[str]) -> None:

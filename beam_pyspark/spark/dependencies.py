@@ -1,26 +1,34 @@
 """A job's staged dependencies, from the driver to every executor.
 
-The driver reads the artifacts of the environments its stages run in (local
-files, in the job server's artifact directory or the runner's temporary
-staging directory; URLs through Beam's file systems) and ships them in one
-Spark broadcast, created for the job and destroyed with it. Executors install
-them once per host (``beam_pyspark.worker.setup.dependencies``) when the job's
-first task arrives.
+The driver serves the files of the job's environments where they lie
+(the job server's artifact store, PySparkRunner's staging directory; a
+URL artifact is downloaded to a temporary file first, streamed, and so is
+embedded data written out) from its artifact server
+(``artifacts.driver``), under a token of the job's own, for as long as
+the job runs. Executors install the Python environments' files once per
+host (``beam_pyspark.worker.setup.dependencies``) when the job's first
+task arrives, streaming what their host lacks to disk
+(``worker.setup.artifacts``); PROCESS harnesses of other SDKs get theirs
+from the same server through the Fn API's artifact retrieval.
 
-Why a broadcast, not ``SparkContext.addFile``: files added to a context stay
-in it for its whole life, are fetched by every executor that starts later
-(a job server's context runs many jobs), cannot be removed, and clash by
-file name across jobs (two jobs' ``requirements.txt``). A broadcast is the
-job's own, reaches executors on every cluster manager through Spark's block
-manager, and is fetched only by executors that run the job's tasks.
+Why not a broadcast (as before): the driver read every file whole into
+its Python, then pickled it into its JVM's heap: a 1 GiB dependency
+killed the job server's JVM (``OutOfMemoryError: Java heap space``). Why
+not ``SparkContext.addFile``: files added to a context stay in it for its
+whole life, are fetched by every executor that starts later (a job
+server's context runs many jobs), cannot be removed, and clash by file
+name across jobs (two jobs' ``requirements.txt``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import urllib.parse
-import urllib.request
+import logging
+import os
+import shutil
+import socket
+import tempfile
 from typing import Callable
 from typing import Optional
 
@@ -28,76 +36,142 @@ from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.artifacts.driver import driver_server
+from beam_pyspark.artifacts.retrieval import open_url
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.sdks import sdk_of
+from beam_pyspark.worker.setup import artifacts as worker_artifacts
 from beam_pyspark.worker.setup import dependencies as worker_deps
+
+_LOGGER = logging.getLogger(__name__)
 
 _ARTIFACT_TYPES = common_urns.artifact_types
 _ARTIFACT_ROLES = common_urns.artifact_roles
+_CHUNK = 2 << 20
 
 
 @dataclasses.dataclass
 class ShippedDependencies:
   """Picklable: travels with every task of the job."""
-  staged: worker_deps.DependencySet
-  content: object  # Broadcast[dict[str, bytes]]
-
-  def fetch(self):
-    return self.content.value
+  staged: worker_deps.DependencySet  # the Python environments' files
+  paths: dict  # staged name -> its path on the driver
+  source: worker_artifacts.ArtifactSource
 
 
-def activate(shipped: Optional[ShippedDependencies]) -> None:
-  """In a task: make the job's dependencies (and only them) importable."""
+def activate(shipped: Optional[ShippedDependencies], job_id: str) -> None:
+  """In a task: make the job's dependencies (and only them) importable,
+  and its artifacts reachable by the harnesses this worker starts."""
   if shipped is None:
     worker_deps.activate(None)
-  else:
-    worker_deps.activate(shipped.staged, shipped.fetch)
+    return
+  worker_artifacts.register(job_id, shipped.source)
+  worker_deps.activate(shipped.staged if shipped.staged.files else None,
+                       shipped.source.fetcher(shipped.paths))
+
+
+@dataclasses.dataclass
+class Shipment:
+  """The driver's side of a job's dependencies: what its tasks carry,
+  and ``close()`` when the job ends (no longer served; temporary copies
+  removed)."""
+  shipped: ShippedDependencies
+  _close: Callable[[], None]
+
+  def close(self) -> None:
+    self._close()
 
 
 def ship_dependencies(
     sc, plan: ExecutionPlan,
-    log: Callable[[str], None] = lambda text: None
-) -> Optional[ShippedDependencies]:
-  """Broadcasts the files executors need; None when there are none.
-
-  The caller destroys ``content`` when the job ends.
-  """
-  contents, requirements = read_dependencies(plan, log)
-  if not contents:
+    log: Callable[[str], None] = lambda text: None) -> Optional[Shipment]:
+  """Serves the files executors need; None when there are none."""
+  scratch = tempfile.mkdtemp(prefix='beam-pyspark-driver-artifacts-')
+  try:
+    files = collect_dependencies(plan, scratch, log)
+    harness_paths = harness_artifacts(plan)
+  except BaseException:
+    shutil.rmtree(scratch, ignore_errors=True)
+    raise
+  if not files and not harness_paths:
+    shutil.rmtree(scratch, ignore_errors=True)
     return None
-  staged = worker_deps.dependency_set(contents, requirements)
-  log(
-      f'Shipping {len(staged.files)} staged dependencies '
-      f'({staged.total_bytes / 1e6:.1f} MB) to the executors: '
-      f'{", ".join(staged.names())}')
-  return ShippedDependencies(staged, sc.broadcast(contents))
+  server = driver_server(*_driver_address(sc))
+  token = server.register([p for _, p in files] + harness_paths)
+  staged = worker_deps.files_set(f for f, _ in files)
+  if files:
+    log(f'Serving {len(files)} staged dependencies '
+        f'({staged.total_bytes / 1e6:.1f} MB) to the executors from the '
+        f'driver ({server.endpoint}): {", ".join(staged.names())}')
+
+  def close() -> None:
+    server.unregister(token)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+  return Shipment(
+      ShippedDependencies(
+          staged, {f.name: path for f, path in files},
+          worker_artifacts.ArtifactSource(server.endpoint, token,
+                                          frozenset(harness_paths))),
+      close)
 
 
-def read_dependencies(
-    plan: ExecutionPlan, log: Callable[[str], None] = lambda text: None
-) -> tuple[dict[str, bytes], set[str]]:
-  """(staged name -> content, names of pip requirements files).
+# A fixed port for the driver's artifact server (0: a free one).
+ARTIFACT_PORT_CONF = 'spark.beam.artifactServer.port'
+
+
+def _driver_address(sc) -> tuple[str, str, int]:
+  """(where the artifact server listens, the address executors use, its
+  port): loopback on a local master, else where Spark's driver does
+  (spark.driver.bindAddress, spark.driver.host)."""
+  conf = sc.getConf()
+  port = int(conf.get(ARTIFACT_PORT_CONF, '0') or 0)
+  if sc.master.startswith('local'):
+    return '127.0.0.1', '127.0.0.1', port
+  advertised = conf.get('spark.driver.host', None) or socket.getfqdn()
+  return (conf.get('spark.driver.bindAddress', None) or advertised,
+          advertised, port)
+
+
+def _environments(plan: ExecutionPlan):
+  """The job's transforms' environments (the expansion service's, say,
+  besides the pipeline's own): (id, environment)."""
+  components = beam_runner_api_pb2.Components.FromString(plan.components)
+  return [(env_id, components.environments[env_id]) for env_id in sorted({
+      t.environment_id for t in components.transforms.values()
+      if t.environment_id in components.environments})]
+
+
+def harness_artifacts(plan: ExecutionPlan) -> list[str]:
+  """Driver paths of every FILE artifact of the job's environments: what
+  a PROCESS harness (another SDK's boot) may ask the Fn API for."""
+  paths = []
+  for _, env in _environments(plan):
+    for artifact in env.dependencies:
+      if artifact.type_urn == _ARTIFACT_TYPES.FILE.urn:
+        paths.append(beam_runner_api_pb2.ArtifactFilePayload.FromString(
+            artifact.type_payload).path)
+  return sorted(set(paths))
+
+
+def collect_dependencies(
+    plan: ExecutionPlan, scratch: str,
+    log: Callable[[str], None] = lambda text: None
+) -> list[tuple[worker_deps.StagedFile, str]]:
+  """The Python environments' files: (staged file, its path on the
+  driver). URLs and embedded data are written under ``scratch``.
 
   Every environment a stage runs in shares the executors' Python: their
   dependencies are installed together, and two different files under one
-  name are an error.
+  name are an error. Another SDK's harness gets its environment's
+  artifacts itself, over the Fn API's artifact retrieval (boot/).
   """
-  components = beam_runner_api_pb2.Components.FromString(plan.components)
-  # The environments the job's transforms run in (the expansion service's,
-  # say, besides the pipeline's own).
-  # Python environments only: another SDK's harness gets its environment's
-  # artifacts itself, over the Fn API's artifact retrieval (boot/).
-  env_ids = sorted({
-      t.environment_id for t in components.transforms.values()
-      if t.environment_id in components.environments and
-      sdk_of(components.environments[t.environment_id]) == 'python'
-  })
-  contents: dict[str, bytes] = {}
+  found: dict[str, tuple[worker_deps.StagedFile, str]] = {}
   origins: dict[str, str] = {}
-  requirements: set[str] = set()
-  for env_id in env_ids:
-    for artifact in _python_dependencies(components.environments[env_id]):
+  for env_id, env in _environments(plan):
+    if sdk_of(env) != 'python':
+      continue
+    for artifact in _python_dependencies(env):
       name, is_requirements = staged_name(artifact)
       if name is None:
         log(f'Environment {env_id!r}: ignoring an artifact with role '
@@ -107,20 +181,18 @@ def read_dependencies(
       if reason is not None:
         log(f'Not shipping {name!r} to executors: {reason}')
         continue
-      data = read_artifact(artifact, f'{name!r} of environment {env_id!r}')
-      previous = contents.get(name)
-      if previous is not None and previous != data:
+      path, sha256, size = locate_artifact(
+          artifact, f'{name!r} of environment {env_id!r}', scratch)
+      previous = found.get(name)
+      if previous is not None and previous[0].sha256 != sha256:
         raise PipelineExecutionError(
             f'Environments {origins[name]!r} and {env_id!r} both stage a '
             f'different {name!r}; executors share one Python, so their '
             'dependencies must agree.')
-      contents[name] = data
+      found[name] = (worker_deps.StagedFile(name, sha256, size,
+                                            is_requirements), path)
       origins[name] = env_id
-      if is_requirements:
-        requirements.add(name)
-  return contents, requirements
-
-
+  return [found[name] for name in sorted(found)]
 def _python_dependencies(env: beam_runner_api_pb2.Environment):
   if env.urn == common_urns.environments.ANYOF.urn:
     payload = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
@@ -149,27 +221,41 @@ def staged_name(
   return None, False
 
 
-def read_artifact(
-    artifact: beam_runner_api_pb2.ArtifactInformation, what: str) -> bytes:
-  """An artifact's content, read on the driver.
+def locate_artifact(
+    artifact: beam_runner_api_pb2.ArtifactInformation, what: str,
+    scratch: str) -> tuple[str, str, int]:
+  """(path on the driver, sha256, size) of an artifact, never read whole:
+  a FILE where it is (its digest from its payload, as staging recorded
+  it, else computed), a URL downloaded into ``scratch``, embedded data
+  written there.
 
-  Raises PipelineExecutionError naming the artifact and where it was looked
-  for.
+  Raises PipelineExecutionError naming the artifact and where it was
+  looked for.
   """
   urn = artifact.type_urn
   try:
     if urn == _ARTIFACT_TYPES.FILE.urn:
-      path = beam_runner_api_pb2.ArtifactFilePayload.FromString(
-          artifact.type_payload).path
-      with open(path, 'rb') as f:
-        return f.read()
+      payload = beam_runner_api_pb2.ArtifactFilePayload.FromString(
+          artifact.type_payload)
+      size = os.stat(payload.path).st_size
+      if payload.sha256:
+        return payload.path, payload.sha256.lower(), size
+      with open(payload.path, 'rb') as f:
+        return payload.path, _copy(f, None), size
     if urn == _ARTIFACT_TYPES.URL.urn:
       url = beam_runner_api_pb2.ArtifactUrlPayload.FromString(
           artifact.type_payload).url
-      return _read_url(url)
+      path = _scratch_file(scratch)
+      with open_url(url) as f, open(path, 'wb') as out:
+        digest = _copy(f, out)
+      return path, digest, os.stat(path).st_size
     if urn == _ARTIFACT_TYPES.EMBEDDED.urn:
-      return beam_runner_api_pb2.EmbeddedFilePayload.FromString(
+      data = beam_runner_api_pb2.EmbeddedFilePayload.FromString(
           artifact.type_payload).data
+      path = _scratch_file(scratch)
+      with open(path, 'wb') as out:
+        out.write(data)
+      return path, hashlib.sha256(data).hexdigest(), len(data)
   except Exception as exn:  # pylint: disable=broad-except
     # OSError, urllib's errors, Beam's BeamIOError: all mean unreadable.
     raise PipelineExecutionError(
@@ -179,14 +265,18 @@ def read_artifact(
       'embedded.')
 
 
-def _read_url(url: str) -> bytes:
-  scheme = urllib.parse.urlsplit(url).scheme.lower()
-  if scheme in ('http', 'https'):
-    with urllib.request.urlopen(url, timeout=60) as response:
-      return response.read()
-  # file://, gs://, s3://, hdfs://...: whatever Beam's file systems reach.
-  from apache_beam.io.filesystem import CompressionTypes
-  from apache_beam.io.filesystems import FileSystems
-  with FileSystems.open(
-      url, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-    return f.read()
+def _scratch_file(scratch: str) -> str:
+  fd, path = tempfile.mkstemp(dir=scratch)
+  os.close(fd)
+  return path
+
+
+def _copy(source, out) -> str:
+  """Reads ``source`` to its end in chunks (into ``out``, if any); its
+  sha256."""
+  hasher = hashlib.sha256()
+  while chunk := source.read(_CHUNK):
+    hasher.update(chunk)
+    if out is not None:
+      out.write(chunk)
+  return hasher.hexdigest()

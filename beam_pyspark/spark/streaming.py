@@ -42,6 +42,7 @@ from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark import tasks
+from beam_pyspark.spark.checkpoints import after_failure
 from beam_pyspark.spark.checkpoints import JobCheckpoint
 from beam_pyspark.spark.checkpoints import default_location
 from beam_pyspark.spark.checkpoints import stable_node_names
@@ -178,13 +179,11 @@ class StreamingPipelineJob(SparkPipelineJob):
             names.values()), names)
     try:
       self._run_batches()
-    except BaseException:
+    except BaseException as exn:
       if location is None:  # nobody could resume it
         self._checkpoint.delete()
-      else:
-        self.log(f'The job\'s state as of its last committed micro-batch is '
-                 f'kept in {location}: run the same pipeline with this '
-                 '--checkpoint_location to resume from it.')
+      else:  # where to resume from; or, if it is gone, that it is
+        after_failure(self._checkpoint, location, exn, self.log)
       raise
     self._checkpoint.delete()
 

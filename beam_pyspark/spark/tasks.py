@@ -88,7 +88,7 @@ class TaskContext:
         sys.path.append(path)
     # Before any of the job's code is unpickled: its staged dependencies,
     # and no other job's, are what this Python worker imports.
-    activate_dependencies(self.dependencies)
+    activate_dependencies(self.dependencies, self.job_id)
     _freeze_imported_heap()
     if not self.worker_console_logs:
       _quiet_worker_console()

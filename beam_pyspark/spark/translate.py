@@ -105,6 +105,7 @@ class SparkPipelineJob:
     self._side_buffer_ids = {
         si.buffer_id for s in plan.stages for si in s.side_inputs}
     self._broadcasts: list = []
+    self._shipment = None  # the job's dependencies, while it runs
     self._group_budget = group_budget(sc, self.options.group_memory_mb)
     self._succeeded = False
     self._progress = ProgressTracker(sc, job_id)
@@ -141,9 +142,9 @@ class SparkPipelineJob:
         split_after_secs=self.options.split_stragglers_after_secs,
         worker_console_logs=not sc.master.startswith('local'))
     self._logs_forwarded = 0
-    self._ctx.dependencies = ship_dependencies(sc, self.plan, self.log)
-    if self._ctx.dependencies is not None:
-      self._broadcasts.append(self._ctx.dependencies.content)
+    self._shipment = ship_dependencies(sc, self.plan, self.log)
+    if self._shipment is not None:
+      self._ctx.dependencies = self._shipment.shipped
 
   def _execute(self) -> None:
     """Batch: every stage's RDDs, then one action over the stages whose
@@ -175,6 +176,8 @@ class SparkPipelineJob:
         b.destroy()
       except Exception:  # pylint: disable=broad-except
         pass
+    if self._shipment is not None:  # no longer served to executors
+      self._shipment.close()
 
   def _unpersist(self) -> None:
     for rdd in self._persisted:

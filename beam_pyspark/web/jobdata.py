@@ -19,6 +19,8 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
 from beam_pyspark.events import state_name
+from beam_pyspark.redaction import redact
+from beam_pyspark.redaction import redact_urls
 
 # Messages a job's page and its JSON carry: its last ones.
 MAX_MESSAGES_SHOWN = 500
@@ -154,6 +156,7 @@ def artifacts(pipeline: beam_runner_api_pb2.Pipeline) -> list[dict]:
       elif dep.type_urn == common_urns.artifact_types.URL.urn:
         where = beam_runner_api_pb2.ArtifactUrlPayload.FromString(
             dep.type_payload).url
+      where = redact_urls(where)  # a presigned URL's signature, say
       rows.append({'environment': env_id, 'name': name or where,
                    'type': dep.type_urn, 'location': where})
   return rows
@@ -168,12 +171,13 @@ def messages(registry, job_id: str, min_importance: int) -> list[dict]:
 
 
 def options(job) -> dict:
-  """The job's pipeline options by their plain names."""
+  """The job's pipeline options by their plain names, secret-looking
+  values redacted (beam_pyspark.redaction)."""
   shown = {}
   for key, value in sorted(job.options.items()):
     if key.startswith('beam:option:') and key.endswith(':v1'):
       key = key[len('beam:option:'):-len(':v1')]
-    shown[key] = value
+    shown[key] = redact(key, value)
   return shown
 
 

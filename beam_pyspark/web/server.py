@@ -1,11 +1,13 @@
-"""The status page's HTTP server: fixed routes over the job registry.
+"""The status page: fixed routes over the job registry.
 
-The standard library's ThreadingHTTPServer in a daemon thread (no web
-framework next to gRPC's thread pools). It serves no files and takes no
-input but the path, a query's message filter and one POST: a bounded
-request line and body, job ids looked up in the registry, everything
-escaped. Pages read the registry, the same data the Job API serves, and
-nothing else.
+Served by web.httpserver (asyncio in a daemon thread, a bounded pool of
+workers; no web framework next to gRPC's thread pools). It serves no files
+and takes no input but the path, a query's message filter and two POSTs:
+a bounded request line and body, job ids looked up in the registry,
+everything escaped, and only requests that name one of its own hosts
+(web.hosts: DNS rebinding). Pages read the registry, the same data the Job
+API serves, and nothing else; secret-looking option values are redacted
+(beam_pyspark.redaction).
 
     GET  /                   the jobs: name, id, state, progress (Spark
                              tasks), submitted, duration; live
@@ -28,14 +30,13 @@ nothing else.
 from __future__ import annotations
 
 import collections
-import http.server
-import ipaddress
 import json
 import logging
-import socket
 import threading
+import time
 import urllib.parse
 from typing import Callable
+from typing import Iterable
 from typing import Optional
 
 from beam_pyspark.events import JobStateError
@@ -44,15 +45,22 @@ from beam_pyspark.web import jobdata
 from beam_pyspark.web import pages
 from beam_pyspark.web import prometheus
 from beam_pyspark.web.graph import pipeline_svg
+from beam_pyspark.web.hosts import HostPolicy
+from beam_pyspark.web.hosts import same_origin
+from beam_pyspark.web.httpserver import HttpServer
+from beam_pyspark.web.httpserver import Request
+from beam_pyspark.web.httpserver import Response
 
 _LOGGER = logging.getLogger(__name__)
 
-# A request line longer than this is refused (414) before any lookup.
-MAX_REQUEST_LINE = 2048
 # A POST body longer than this is refused (413): cancel takes none.
 MAX_POST_BODY = 4096
 # Plans of this many jobs are kept: a running job's page asks every 1.5 s.
 PLAN_CACHE_SIZE = 16
+# /metrics is computed at most this often; scrapes in between (a burst of
+# them, several Prometheus replicas) get the last text. Prometheus scrapes
+# every 15 s or more.
+METRICS_MAX_AGE_SECS = 1.0
 
 HTML = 'text/html; charset=utf-8'
 JSON = 'application/json'
@@ -83,6 +91,9 @@ class StatusPages:
     self.cancel_enabled = cancel_enabled
     self._plans: collections.OrderedDict = collections.OrderedDict()
     self._plans_lock = threading.Lock()
+    # One computation of /metrics at a time; the others wait for it.
+    self._metrics_lock = threading.Lock()
+    self._metrics: tuple[float, bytes] = (float('-inf'), b'')
 
   # -- GET -----------------------------------------------------------------
 
@@ -99,10 +110,7 @@ class StatusPages:
     if route == '/api/jobs':
       return _json(self._rows())
     if route == '/metrics':
-      text = prometheus.exposition(
-          self.registry.jobs(), lambda job_id: self.registry.metrics(job_id)[0],
-          jobdata.duration)
-      return 200, prometheus.CONTENT_TYPE, text.encode('utf-8'), {}
+      return 200, prometheus.CONTENT_TYPE, self._exposition(), {}
     if route == '/healthz':
       return 200, 'text/plain', b'ok\n', {}
     if route == '/readyz':
@@ -129,6 +137,17 @@ class StatusPages:
                     'sections': sections})
     return 200, HTML, pages.job_page(
         detail, sections, importance, self.cancel_enabled), {}
+
+  def _exposition(self) -> bytes:
+    with self._metrics_lock:
+      at, text = self._metrics
+      if time.monotonic() - at > METRICS_MAX_AGE_SECS:
+        text = prometheus.exposition(
+            self.registry.jobs(),
+            lambda job_id: self.registry.metrics(job_id)[0],
+            jobdata.duration).encode('utf-8')
+        self._metrics = (time.monotonic(), text)
+      return text
 
   def _rows(self) -> list[dict]:
     return [jobdata.job_row(self.registry, j)
@@ -192,149 +211,73 @@ class StatusPages:
         'Location': pages.job_path(job_id)}
 
 
-def local_names(host: str) -> set[str]:
-  """Host names a request to this server may carry in its Host header
-  for a POST: a name of this machine or of the listening address, or an
-  IP literal (an ssh tunnel's localhost among them). A DNS-rebound name
-  (a page's own domain pointed at this address) is none of them."""
-  names = {'localhost', host.lower(), socket.gethostname().lower()}
-  try:
-    names.add(socket.getfqdn().lower())
-  except OSError:
-    pass
-  return names
-
-
-def _host_name(host_header: str) -> str:
-  host = host_header.strip().lower()
-  if host.startswith('['):  # [::1]:8090
-    return host[1:host.find(']')]
-  return host.rsplit(':', 1)[0] if host.count(':') == 1 else host
-
-
-def same_origin(headers, allowed_hosts: set[str]) -> bool:
-  """Whether a POST comes from a page of this server: its Origin (or,
-  without one, its Referer) names the Host it was sent to, and that host
-  is one of ours (``local_names``) or an IP literal."""
-  host = headers.get('Host')
-  if not host:
-    return False
-  name = _host_name(host)
-  try:
-    ipaddress.ip_address(name)
-  except ValueError:
-    if name not in allowed_hosts:
-      return False
-  origin = headers.get('Origin')
-  if origin is not None:
-    return origin.lower() == f'http://{host.lower()}'
-  referer = urllib.parse.urlsplit(headers.get('Referer') or '')
-  return referer.scheme == 'http' and referer.netloc.lower() == host.lower()
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-  site: StatusPages  # set on the subclass the server makes
-  allowed_hosts: set[str] = set()
-  server_version = 'beam-pyspark'
-
-  def handle_one_request(self):  # bounded request line
-    self.raw_requestline = self.rfile.readline(MAX_REQUEST_LINE + 1)
-    if len(self.raw_requestline) > MAX_REQUEST_LINE:
-      self.requestline, self.request_version, self.command = '', '', ''
-      self.send_error(414)
-      return
-    if not self.raw_requestline:
-      self.close_connection = True
-      return
-    if not self.parse_request():
-      return
-    method = getattr(self, 'do_' + self.command, None)
-    if method is None:
-      self.send_error(405)
-      return
-    method()
-    self.wfile.flush()
-
-  def _answer(self, route: Callable[[str], Answer]) -> None:
-    try:
-      status, content_type, body, headers = route(self.path)
-    except Exception:  # pylint: disable=broad-except
-      _LOGGER.warning('Status page %s failed', self.path, exc_info=True)
-      status, content_type, body, headers = (
-          500, 'text/plain', b'internal error', {})
-    self._send(status, content_type, body, headers)
-
-  def _send(self, status: int, content_type: str, body: bytes,
-            headers: Optional[dict] = None) -> None:
-    self.send_response(status)
-    self.send_header('Content-Type', content_type)
-    self.send_header('Content-Length', str(len(body)))
-    self.send_header('Cache-Control', 'no-store')
-    # The pages' own inline script and style, nothing from elsewhere;
-    # no framing by other sites (a click-jacked Cancel).
-    self.send_header(
-        'Content-Security-Policy',
+# The pages' own inline script and style, nothing from elsewhere; no
+# framing by other sites (a click-jacked Cancel).
+_SECURITY_HEADERS = {
+    'Cache-Control': 'no-store',
+    'Content-Security-Policy':
         "default-src 'none'; script-src 'unsafe-inline'; "
         "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'; "
-        "form-action 'self'; frame-ancestors 'none'")
-    self.send_header('X-Content-Type-Options', 'nosniff')
-    for name, value in (headers or {}).items():
-      self.send_header(name, value)
-    self.end_headers()
-    self.wfile.write(body)
+        "form-action 'self'; frame-ancestors 'none'",
+    'X-Content-Type-Options': 'nosniff',
+}
 
-  def do_GET(self):  # pylint: disable=invalid-name
-    self._answer(self.site.get)
 
-  def do_POST(self):  # pylint: disable=invalid-name
-    """Cancel, and nothing else: a bounded body (read and dropped), from a
-    page of this server only."""
-    try:
-      length = int(self.headers.get('Content-Length') or 0)
-    except ValueError:
-      length = -1
-    if length < 0 or length > MAX_POST_BODY or self.headers.get(
-        'Transfer-Encoding'):
-      self.close_connection = True
-      self._send(413, 'text/plain', b'request body too large\n')
-      return
-    self.rfile.read(length)
-    if not self.site.is_post_route(self.path):
-      self.send_error(405)  # every other route is GET only
-      return
-    if not same_origin(self.headers, self.allowed_hosts):
-      self._send(403, 'text/plain',
-                 b'cross-origin request refused: post from this server\'s '
-                 b'own page\n')
-      return
-    self._answer(self.site.post)
-
-  def log_message(self, format, *args):  # pylint: disable=redefined-builtin
-    _LOGGER.debug('status page: ' + format, *args)
+def _text(status: int, text: str) -> Answer:
+  return status, 'text/plain; charset=utf-8', f'{text}\n'.encode('utf-8'), {}
 
 
 class StatusServer:
-  """Serves ``StatusPages`` on (host, port) from a daemon thread."""
+  """Serves ``StatusPages`` on (host, port); ``allowed_hosts``: names
+  besides its own that requests may carry in Host (web.hosts)."""
   def __init__(self, pages: StatusPages, host: str = 'localhost',
-               port: int = 0):
-    handler = type('Handler', (_Handler,), {
-        'site': pages, 'allowed_hosts': local_names(host)})
-    self._httpd = http.server.ThreadingHTTPServer((host, port), handler)
-    self._httpd.daemon_threads = True
+               port: int = 0, allowed_hosts: Iterable[str] = ()):
+    self.site = pages
+    self.policy = HostPolicy(host, allowed_hosts)
+    self._http = HttpServer(self._answer, host, port, max_body=MAX_POST_BODY,
+                            name='beam-pyspark-status')
     self.host = host
-    self.port = self._httpd.server_address[1]
-    self._thread = threading.Thread(
-        target=self._httpd.serve_forever, name='beam-pyspark-status',
-        daemon=True)
+    self.port = self._http.port
 
   @property
   def url(self) -> str:
     return f'http://{self.host}:{self.port}/'
 
   def start(self) -> 'StatusServer':
-    self._thread.start()
+    self._http.start()
     return self
 
   def stop(self) -> None:
-    self._httpd.shutdown()
-    self._httpd.server_close()
+    self._http.stop()
+
+  def _answer(self, request: Request) -> Response:
+    status, content_type, body, headers = self._route(request)
+    return Response(status, content_type, body,
+                    {**_SECURITY_HEADERS, **headers})
+
+  def _route(self, request: Request) -> Answer:
+    host = request.headers.get('Host')
+    if not self.policy.allows(host, request.version):
+      return _text(403, (
+          f'This status page does not answer to the host '
+          f'{(host or "")[:100]!r}: only to its own names and IP addresses. '
+          'If this is a name of its own, start the job server with '
+          '--status-allowed-host NAME.') if host else (
+          'A request without a Host header is refused.'))
+    if request.method == 'GET':
+      return self._call(self.site.get, request.path)
+    if request.method != 'POST' or not self.site.is_post_route(request.path):
+      return _text(405, 'Method not allowed: every route but a job\'s '
+                   'cancel and drain is GET only.')
+    if not same_origin(request.headers, self.policy):
+      return _text(403, 'cross-origin request refused: post from this '
+                   'server\'s own page')
+    return self._call(self.site.post, request.path)
+
+  @staticmethod
+  def _call(route: Callable[[str], Answer], path: str) -> Answer:
+    try:
+      return route(path)
+    except Exception:  # pylint: disable=broad-except
+      _LOGGER.warning('Status page %s failed', path[:200], exc_info=True)
+      return _text(500, 'internal error')

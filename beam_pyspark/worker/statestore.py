@@ -91,6 +91,15 @@ class PartitionStore:
       with open(path, 'rb') as f:
         return pickle.load(f)
     except FileNotFoundError:
+      if not os.path.isdir(os.path.join(self.root, 'manifests')):
+        # spark.checkpoints' layout: the driver's commits are gone too.
+        raise RuntimeError(
+            f'The job\'s checkpoint location {self.root} holds no committed '
+            'micro-batch here: it was removed while the job ran, or this '
+            'executor does not see it (on a cluster, set '
+            '--checkpoint_location to storage every executor mounts). The '
+            f'state of {self.node} (partition {self.partition}) cannot be '
+            'read.') from None
       raise RuntimeError(
           f'The state of {self.node} (partition {self.partition}) is missing '
           f'its file {path}: every executor must see the job\'s checkpoint '

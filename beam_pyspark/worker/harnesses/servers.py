@@ -31,11 +31,16 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_fn_api_pb2_grpc
 from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability import artifact_service
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from google.protobuf import json_format
 from google.protobuf import text_format
 
+from beam_pyspark.worker.setup import artifacts as job_artifacts
+
 _LOGGER = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_SECS = 0.5
 
 class _LogEntryService(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
   """The harness's log entries, into this process's logging.
@@ -297,10 +302,17 @@ class Manager(worker_handlers.WorkerHandlerManager):
     environment = self._environments[environment_id]
     host = _bind_host(environment)
     with _patched(worker_handlers, 'BasicLoggingService', lambda: self.logs), \
-        _patched(worker_handlers, 'grpc', _BindingGrpc(grpc, host)):
+        _patched(worker_handlers, 'grpc', _BindingGrpc(grpc, host)), \
+        _patched(worker_handlers, 'artifact_service',
+                 _JobArtifacts(self._job_provision_info.job_name)):
       self._grpc_server = worker_handlers.GrpcServer(
           self.state_servicer, self._job_provision_info, self)
     self._grpc_server.advertised_host = host
+    # When the harness goes, its servers stop with this much grace for
+    # the streams still open (Beam's 5 s): a harness that does not end its
+    # data, state and logging streams once its control stream is closed
+    # (Java's LOOPBACK harness) held every job's release for 5 s a task.
+    self._grpc_server._DEFAULT_SHUTDOWN_TIMEOUT_SECS = SHUTDOWN_GRACE_SECS  # pylint: disable=protected-access
     # Beam's own address for the control service says 'localhost'.
     self._grpc_server.control_address = (
         f'{host}:{self._grpc_server.control_port}')
@@ -317,6 +329,22 @@ class Manager(worker_handlers.WorkerHandlerManager):
       handler.start_worker()
       return handler
     return self.get_worker_handlers(environment_id, 1)[0]
+
+
+class _JobArtifacts:
+  """Beam's artifact_service module as its GrpcServer sees it while we
+  build one (issue 26): the Fn API's artifact retrieval that a PROCESS
+  harness's boot calls reads the job's artifacts from the driver's
+  artifact server (worker.setup.artifacts), not from this host's disk,
+  where the job server's paths exist only if the executor shares its
+  disk. Paths the driver does not serve, and URLs, go to Beam's reader.
+  ``job_id``: RemoteHarness names the provision info's job so."""
+  def __init__(self, job_id: str):
+    self._job_id = job_id
+
+  def ArtifactRetrievalService(self, file_reader, chunk_size=None):  # pylint: disable=invalid-name
+    return artifact_service.ArtifactRetrievalService(
+        job_artifacts.reader(self._job_id, file_reader), chunk_size)
 
 
 # The environments whose handlers are ours, not Beam's.

@@ -28,7 +28,9 @@ inside a Spark Python worker for the embedded harness:
   worker switches to the job, as Beam's ``sdk_worker_main`` loads it before
   the harness starts.
 
-Nothing here knows Spark: the staged files arrive through ``fetch``.
+Nothing here knows Spark: the staged files arrive through ``fetch``
+(``artifacts.ArtifactSource.fetcher``: streamed from the driver to disk),
+which writes one file and checks its size and digest as it comes.
 """
 
 from __future__ import annotations
@@ -120,14 +122,58 @@ def dependency_set(
   names come from the client and become paths on every executor.
   """
   reqs = set(requirements)
-  files = []
-  for name, data in sorted(contents.items()):
-    check_name(name)
-    files.append(
-        StagedFile(
-            name, hashlib.sha256(data).hexdigest(), len(data),
-            name in reqs or name == REQUIREMENTS_FILE))
-  return DependencySet(tuple(files))
+  return files_set([
+      StagedFile(name, hashlib.sha256(data).hexdigest(), len(data),
+                 name in reqs)
+      for name, data in contents.items()])
+
+
+def files_set(files: Iterable[StagedFile]) -> DependencySet:
+  """The set of these files (requirements.txt is always a requirements
+  file); raises PipelineExecutionError for a name that is not a plain
+  file name."""
+  checked = []
+  for f in sorted(files, key=lambda f: f.name):
+    check_name(f.name)
+    checked.append(dataclasses.replace(
+        f, requirements=f.requirements or f.name == REQUIREMENTS_FILE))
+  return DependencySet(tuple(checked))
+
+
+# fetch(file, path): writes the staged file's bytes to path, checked
+# (write_verified), or raises PipelineExecutionError.
+Fetch = Callable[[StagedFile, str], None]
+
+
+def write_verified(chunks: Iterable[bytes], dest: str, f: StagedFile) -> None:
+  """Writes ``chunks`` to ``dest`` through a temporary name; raises
+  PipelineExecutionError unless they are ``f``'s size and digest."""
+  tmp = f'{dest}.part-{os.getpid()}-{threading.get_ident()}'
+  hasher, received = hashlib.sha256(), 0
+  try:
+    with open(tmp, 'wb') as out:
+      for chunk in chunks:
+        hasher.update(chunk)
+        received += len(chunk)
+        if received > f.size:
+          break
+        out.write(chunk)
+    if received != f.size or hasher.hexdigest() != f.sha256:
+      raise PipelineExecutionError(
+          f'Staged dependency {f.name!r} did not reach this executor intact '
+          f'(expected {f.size} bytes with sha256 {f.sha256}).')
+    os.replace(tmp, dest)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def fetch_from(contents: Mapping[str, bytes]) -> Fetch:
+  """A fetch over files held in memory (tests; small embedded data)."""
+  def fetch(f: StagedFile, dest: str) -> None:
+    data = contents.get(f.name)
+    write_verified([] if data is None else [data], dest, f)
+  return fetch
 
 
 def check_name(name: str) -> None:
@@ -166,7 +212,7 @@ class Installed:
 
 def install(
     deps: DependencySet,
-    fetch: Callable[[], Mapping[str, bytes]],
+    fetch: Fetch,
     root: Optional[str] = None,
     pip_timeout: Optional[float] = None) -> Installed:
   """Installs the set once per host (and interpreter); returns where it is.
@@ -186,7 +232,7 @@ def install(
     shutil.rmtree(directory, ignore_errors=True)
     started = time.monotonic()
     try:
-      _write_staged(os.path.join(directory, 'staged'), deps, fetch())
+      _write_staged(os.path.join(directory, 'staged'), deps, fetch)
       has_site = _pip_install(directory, deps, root, pip_timeout)
       with open(os.path.join(directory, _COMPLETE), 'w') as f:
         json.dump({'key': deps.key, 'names': deps.names(), 'site': has_site},
@@ -222,18 +268,11 @@ def _read_complete(directory: str, deps: DependencySet) -> Optional[Installed]:
       else None)
 
 
-def _write_staged(
-    staged: str, deps: DependencySet, contents: Mapping[str, bytes]) -> None:
+def _write_staged(staged: str, deps: DependencySet, fetch: Fetch) -> None:
   os.makedirs(staged, exist_ok=True)
   for f in deps.files:
     check_name(f.name)
-    data = contents.get(f.name)
-    if data is None or hashlib.sha256(data).hexdigest() != f.sha256:
-      raise PipelineExecutionError(
-          f'Staged dependency {f.name!r} did not reach this executor intact '
-          f'(expected {f.size} bytes with sha256 {f.sha256}).')
-    with open(os.path.join(staged, f.name), 'wb') as out:
-      out.write(data)
+    fetch(f, os.path.join(staged, f.name))
 
 
 def _packages(staged: str, deps: DependencySet) -> list[str]:
@@ -372,7 +411,7 @@ def active_key() -> Optional[str]:
 
 def activate(
     deps: Optional[DependencySet],
-    fetch: Optional[Callable[[], Mapping[str, bytes]]] = None,
+    fetch: Optional[Fetch] = None,
     root: Optional[str] = None) -> None:
   """Makes deps (None: no staged dependencies) what this process imports.
 

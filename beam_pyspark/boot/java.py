@@ -1,0 +1,181 @@
+"""Boot of Beam's Java SDK harness for PROCESS environments.
+
+    --defaultEnvironmentType=PROCESS
+    --defaultEnvironmentConfig={"command": "python -m beam_pyspark.boot java"}
+
+does what Beam's Java container does (``sdks/java/container/boot.go``):
+the job's options and the environment's staged jars come from the runner's
+provision and artifact services (``boot.common``); the JVM then runs
+``org.apache.beam.fn.harness.FnHarness`` with the environment variables
+FnHarness reads (``HARNESS_ID``, ``CONTROL_API_SERVICE_DESCRIPTOR``,
+``LOGGING_API_SERVICE_DESCRIPTOR``, ``STATUS_API_SERVICE_DESCRIPTOR``,
+``PIPELINE_OPTIONS_FILE``, ``RUNNER_CAPABILITIES``).
+
+Where the harness's classes come from. Beam's container puts its own
+``beam-sdks-java-harness.jar`` (and slf4j) first on the classpath. Java's
+PortableRunner stages the pipeline's whole classpath, so a pipeline that
+depends on ``beam-sdks-java-harness`` (and ``jamm``, which the harness jar
+declares but does not bundle) brings the harness with it; that is the
+default here. A pipeline that does not (its jar has only the SDK core)
+names the harness's jars in a directory or classpath, ahead of the staged
+jars:
+
+    --harness_classpath=/opt/beam/harness/*   (after "java" in the command)
+    BEAM_PYSPARK_JAVA_HARNESS_CLASSPATH=...   (the executor's environment,
+                                               or the config's "env")
+
+Other JVM arguments: ``--jvm_arg=-Xmx2g`` (repeatable) or
+``BEAM_PYSPARK_JAVA_OPTS`` (split as a shell would). ``java`` is
+``$JAVA_HOME/bin/java`` where JAVA_HOME is set, else the one on PATH (Spark
+needs Java 17+ on every executor already).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import logging
+import os
+import shlex
+import shutil
+from typing import Optional
+from typing import Sequence
+
+from beam_pyspark.boot import common
+
+_LOGGER = logging.getLogger('beam_pyspark.boot.java')
+
+ENV_HARNESS_CLASSPATH = 'BEAM_PYSPARK_JAVA_HARNESS_CLASSPATH'
+ENV_JAVA_OPTS = 'BEAM_PYSPARK_JAVA_OPTS'
+MAIN_CLASS = 'org.apache.beam.fn.harness.FnHarness'
+_HARNESS_JAR = 'beam-sdks-java-harness'
+# The container's JVM flags (boot.go): throughput GC, full stack traces.
+_JVM_DEFAULTS = ('-XX:+UseParallelGC', '-XX:-OmitStackTraceInFastThrow')
+
+
+def parse_extra(extra: Sequence[str]) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog='python -m beam_pyspark.boot java')
+  p.add_argument('--harness_classpath',
+                 default=os.environ.get(ENV_HARNESS_CLASSPATH, ''))
+  p.add_argument('--jvm_arg', action='append', default=[])
+  flags, _ = p.parse_known_args(list(extra))
+  return flags
+
+
+def expand_classpath(classpath: str) -> list[str]:
+  """A classpath's entries, with ``dir/*`` and plain directories of jars
+  expanded to their jars (sorted, for the same order on every host)."""
+  out: list[str] = []
+  for entry in filter(None, classpath.split(os.pathsep)):
+    if entry.endswith('*'):
+      out.extend(sorted(glob.glob(entry + '.jar')))
+    elif os.path.isdir(entry) and glob.glob(os.path.join(entry, '*.jar')):
+      out.extend(sorted(glob.glob(os.path.join(entry, '*.jar'))))
+    else:
+      out.append(entry)
+  return out
+
+
+def _is_harness_jar(path: str) -> bool:
+  return os.path.basename(path).startswith(_HARNESS_JAR)
+
+
+def _is_jamm(path: str) -> bool:
+  return os.path.basename(path).startswith('jamm')
+
+
+def classpath(ctx: common.BootContext, harness_classpath: str) -> list[str]:
+  """The harness's classpath: the named harness jars (if any), then the
+  environment's staged jars in their staged order (boot.go keeps it)."""
+  staged = [a.path for a in ctx.artifacts]
+  harness = expand_classpath(harness_classpath)
+  if not harness and not any(_is_harness_jar(p) for p in staged):
+    raise common.BootError(
+        'The staged jars have no beam-sdks-java-harness jar, and no harness '
+        'classpath is named. Add org.apache.beam:beam-sdks-java-harness (and '
+        'com.github.jbellis:jamm) to the pipeline\'s dependencies, or name '
+        'a directory of the harness\'s jars: "python -m beam_pyspark.boot '
+        f'java --harness_classpath=DIR/*" or {ENV_HARNESS_CLASSPATH}=DIR/*.')
+  return harness + staged
+
+
+def _pipeline_options(ctx: common.BootContext) -> dict:
+  return json.loads(ctx.options_json() or '{}')
+
+
+def jvm_args(ctx: common.BootContext, cp: list[str],
+             extra_args: Sequence[str]) -> list[str]:
+  """JVM flags as boot.go builds them, from the job's options."""
+  options = _pipeline_options(ctx)
+  opts = options.get('options', options)
+  text = json.dumps(options)
+  args = list(_JVM_DEFAULTS)
+  jamm = next((p for p in cp if _is_jamm(p)), None)
+  if jamm and 'disable_jamm_agent' not in text:
+    # The harness's caches measure object sizes with jamm's agent.
+    args.append('-javaagent:' + jamm)
+  if opts.get('enableHeapDumps'):
+    dumps = os.path.join(ctx.semi_persist_dir, 'heapdumps')
+    args += ['-XX:+HeapDumpOnOutOfMemoryError',
+             f'-Dbeam.fn.heap_dump_dir={dumps}',
+             f'-XX:HeapDumpPath={os.path.join(dumps, "heap_dump.hprof")}']
+  args += [f'--add-opens={m}' for m in opts.get('jdkAddOpenModules') or ()]
+  args += [f'--add-modules={m}' for m in opts.get('jdkAddRootModules') or ()]
+  args += shlex.split(os.environ.get(ENV_JAVA_OPTS, ''))
+  args += list(extra_args)
+  return args
+
+
+def java_executable() -> str:
+  home = os.environ.get('JAVA_HOME')
+  if home and os.path.exists(os.path.join(home, 'bin', 'java')):
+    return os.path.join(home, 'bin', 'java')
+  found = shutil.which('java')
+  if not found:
+    raise common.BootError(
+        'No java on PATH and no JAVA_HOME: the Java harness needs Java '
+        '(the version the pipeline was compiled for, 11+).')
+  return found
+
+
+def harness_env(ctx: common.BootContext, options_file: str,
+                base: Optional[dict] = None) -> dict:
+  """The environment variables FnHarness.main reads."""
+  env = dict(os.environ if base is None else base)
+  env.pop('PIPELINE_OPTIONS', None)  # the file below is the one source
+  env.update(
+      HARNESS_ID=ctx.worker_id,
+      PIPELINE_OPTIONS_FILE=options_file,
+      CONTROL_API_SERVICE_DESCRIPTOR=ctx.descriptor_text(
+          ctx.control_endpoint),
+      LOGGING_API_SERVICE_DESCRIPTOR=ctx.descriptor_text(
+          ctx.logging_endpoint),
+      RUNNER_CAPABILITIES=' '.join(ctx.info.runner_capabilities))
+  status = ctx.info.status_endpoint.url
+  if status:
+    env['STATUS_API_SERVICE_DESCRIPTOR'] = ctx.descriptor_text(status)
+  else:
+    env.pop('STATUS_API_SERVICE_DESCRIPTOR', None)
+  return env
+
+
+def command(ctx: common.BootContext) -> tuple[list[str], dict]:
+  """The harness's argv and environment (what ``main`` execs)."""
+  flags = parse_extra(ctx.extra)
+  cp = classpath(ctx, flags.harness_classpath)
+  # Options go in a file, as boot.go's MakePipelineOptionsFileAndEnvVar
+  # does: a large job's options may pass the limit of one variable.
+  options_file = os.path.join(ctx.semi_persist_dir, 'pipeline_options.json')
+  with open(options_file, 'w', encoding='utf-8') as f:
+    f.write(ctx.options_json())
+  argv = [java_executable()] + jvm_args(ctx, cp, flags.jvm_arg) + [
+      '-cp', os.pathsep.join(cp), MAIN_CLASS]
+  return argv, harness_env(ctx, options_file)
+
+
+def main(ctx: common.BootContext) -> None:
+  argv, env = command(ctx)
+  _LOGGER.info('Java harness %s: %d jars on its classpath', ctx.worker_id,
+               len(argv[argv.index('-cp') + 1].split(os.pathsep)))
+  common.exec_harness(argv, env)

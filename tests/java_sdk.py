@@ -1,0 +1,56 @@
+"""Beam's Java SDK for tests: the classpath `make sdk-java` resolved.
+
+Not a test module: tests/test_sdk_java*.py share it. ``sdks/java/pom.xml``
+pins Beam's Java SDK; `make sdk-java` (which `make test` runs) resolves it
+into ~/.m2 and writes the classpath to sdks/java/target/classpath.txt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SDK_DIR = os.path.join(ROOT, 'sdks', 'java')
+CLASSPATH_FILE = os.path.join(SDK_DIR, 'target', 'classpath.txt')
+
+
+def classpath() -> str:
+  """The pipeline classpath, or the test fails saying how to get it (a
+  missing SDK is a broken setup, never a reason to skip)."""
+  if not os.path.exists(CLASSPATH_FILE):
+    pytest.fail(
+        f'{CLASSPATH_FILE} is missing: run `make sdk-java` (make test does) '
+        'to resolve Beam\'s Java SDK with Maven.')
+  with open(CLASSPATH_FILE, encoding='utf-8') as f:
+    return f.read().strip()
+
+
+def java() -> str:
+  home = os.environ.get('JAVA_HOME')
+  if home and os.path.exists(os.path.join(home, 'bin', 'java')):
+    return os.path.join(home, 'bin', 'java')
+  found = shutil.which('java')
+  assert found, 'no java on PATH'
+  return found
+
+
+def run_java(main_class: str, args: list[str], log_path: str,
+             timeout: float = 600, env: dict | None = None
+             ) -> subprocess.CompletedProcess:
+  """Runs ``main_class`` on the SDK's classpath; fails the test with the
+  end of its log when it exits non-zero."""
+  with open(log_path, 'wb') as log:
+    proc = subprocess.run(
+        [java(), '-cp', classpath(), main_class, *args],
+        stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=env,
+        check=False)
+  if proc.returncode != 0:
+    with open(log_path, 'rb') as f:
+      text = f.read().decode('utf-8', 'replace')
+    pytest.fail(f'{main_class} exited with {proc.returncode}:\n'
+                f'{text[-8000:]}')
+  return proc

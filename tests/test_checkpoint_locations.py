@@ -1,0 +1,109 @@
+"""Streaming checkpoint locations, checked at submission, and what a job
+says when its checkpoint is removed under it (issue 26).
+
+A real ``beam-pyspark job-server`` subprocess and Beam's PortableRunner
+client: each location the runner cannot use (another scheme, under /proc,
+under a regular file) is refused when the job is submitted, naming
+``--checkpoint_location``; nothing is made of it (``hdfs://`` used to
+become a local directory ``./hdfs:/namenode:8020/ckpt``). A running job
+whose checkpoint is deleted fails saying so, and gives no resume hint.
+PySparkRunner refuses the same locations before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_job_api_pb2
+
+from beam_pyspark.errors import InvalidOptionsError
+from conftest import spark_options
+from jobserver_process import JobServerProcess
+from test_jobserver_resume import EMBEDDED
+from test_jobserver_resume import TESTS
+from test_jobserver_resume import _history
+from test_jobserver_resume import _wait_for_commit
+import streaming_recovery_job as job
+
+
+def _bad_locations(tmp_path):
+  regular = tmp_path / 'a-file'
+  regular.write_text('not a directory')
+  return {
+      'hdfs://namenode:8020/ckpt': 'cannot go to hdfs://',
+      's3://bucket/ckpt': 'cannot go to s3://',
+      '/proc/beam-pyspark-ckpt': 'cannot create or write to',
+      f'{regular}/ckpt': 'NotADirectoryError',
+  }
+
+
+def _streaming(p):
+  _ = (p | beam.Create([('a', 1), ('b', 2)]) | beam.GroupByKey()
+       | beam.Map(str))
+
+
+@pytest.fixture(scope='module')
+def server(tmp_path_factory):
+  server = JobServerProcess(tmp_path_factory.mktemp('ckpt') / 'server',
+                            env={'PYTHONPATH': TESTS})
+  yield server
+  server.stop()
+
+
+def test_bad_locations_are_refused_at_submission(server, tmp_path):
+  for location, why in _bad_locations(tmp_path).items():
+    p = beam.Pipeline(options=PipelineOptions([
+        '--runner=PortableRunner', f'--job_endpoint={server.job_endpoint}',
+        f'--environment_type={EMBEDDED}', '--streaming',
+        f'--checkpoint_location={location}']))
+    _streaming(p)
+    started = time.monotonic()
+    with pytest.raises(Exception) as info:
+      p.run()
+    text = str(info.value)
+    assert f'--checkpoint_location={location}' in text, text
+    assert why in text, text
+    assert time.monotonic() - started < 30
+  # No job ran: each was refused at Run, and is still a preparation.
+  jobs = server.job_stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
+  assert all(j.state == beam_job_api_pb2.JobState.STOPPED for j in jobs)
+  assert not os.path.exists('hdfs:') and not os.path.exists('s3:')
+
+
+def test_the_runner_refuses_them_before_running(tmp_path):
+  for location, why in _bad_locations(tmp_path).items():
+    p = beam.Pipeline(options=spark_options(streaming=True,
+                                            checkpoint_location=location))
+    _streaming(p)
+    with pytest.raises(InvalidOptionsError) as info:
+      p.run()
+    assert f'--checkpoint_location={location}' in str(info.value)
+    assert why in str(info.value)
+
+
+def test_a_deleted_checkpoint_fails_the_job_without_a_resume_hint(
+    server, tmp_path):
+  checkpoint, out = tmp_path / 'ckpt', tmp_path / 'out'
+  out.mkdir()
+  p = beam.Pipeline(options=PipelineOptions([
+      '--runner=PortableRunner', f'--job_endpoint={server.job_endpoint}',
+      f'--environment_type={EMBEDDED}', '--streaming',
+      f'--max_records_per_batch={job.SDF_BUDGET}',
+      f'--checkpoint_location=file://{checkpoint}']))
+  job.build_sums(p, str(out))
+  result = p.run()
+  job_id = result._job_id  # pylint: disable=protected-access
+  _wait_for_commit(server, str(checkpoint), after=0)
+  shutil.rmtree(checkpoint)
+  states, texts = _history(server, job_id)
+  assert states[-1] == beam_job_api_pb2.JobState.FAILED, texts
+  text = '\n'.join(texts)
+  assert 'removed while the job ran' in text, text
+  assert 'every executor must see' not in text
+  assert 'to resume from it' not in text
+  assert f'checkpoint location {checkpoint} is gone' in text

@@ -1,0 +1,111 @@
+"""Twenty clients at once against one job server, three rounds (issue 26).
+
+In a round of twenty concurrent WordCounts, one job was lost: its
+preparation counted against the history of ten ended jobs and was dropped
+while others prepared, its staged files removed 8 s after staging, and
+its Run answered NOT_FOUND. Here twenty threads each run Beam's own
+``apache_beam.examples.wordcount`` through Beam's PortableRunner against
+one real ``beam-pyspark job-server`` (default history of ten), each
+staging a file of its own (``--files_to_stage``), and every round every
+output must be the input's counts. Kept light: a few lines of input, the
+clients in one process.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import glob
+import threading
+
+import pytest
+from apache_beam.examples import wordcount
+from apache_beam.portability.api import beam_job_api_pb2
+
+from jobserver_process import JobServerProcess
+
+CLIENTS = 20
+ROUNDS = 3
+LINES = [f'round {i} the quick brown fox jumps over the lazy dog {i % 3}'
+         for i in range(12)]
+
+
+def _expected() -> dict[str, int]:
+  counts = collections.Counter()
+  for line in LINES:
+    counts.update(line.split())
+  return dict(counts)
+
+
+def _counts(prefix: str) -> dict[str, int]:
+  counts = {}
+  for path in glob.glob(prefix + '*'):
+    with open(path, encoding='utf-8') as f:
+      for line in f:
+        word, count = line.rsplit(': ', 1)
+        counts[word] = int(count)
+  return counts
+
+
+@pytest.fixture(scope='module')
+def server(tmp_path_factory):
+  server = JobServerProcess(tmp_path_factory.mktemp('clients') / 'server')
+  yield server
+  server.stop()
+
+
+def test_a_preparation_outlives_ten_others(server):
+  """Client A prepares, ten others prepare, A's Run runs (it answered
+  NOT_FOUND when preparations counted against the history of ten)."""
+  from test_registry import _pipeline
+  done = beam_job_api_pb2.JobState.DONE
+
+  def prepare(name):
+    return server.job_stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+        pipeline=_pipeline(), job_name=name)).preparation_id
+
+  first = prepare('a')
+  others = [prepare(f'other-{i}') for i in range(10)]
+  server.job_stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=first))
+  for event in server.job_stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=first), timeout=300):
+    if event.state in (done, beam_job_api_pb2.JobState.FAILED):
+      break
+  assert event.state == done, server.log()
+  for job_id in others:  # still there, and cancellable
+    assert server.job_stub.Cancel(beam_job_api_pb2.CancelJobRequest(
+        job_id=job_id)).state == beam_job_api_pb2.JobState.CANCELLED
+
+
+def test_twenty_concurrent_wordcounts_three_rounds_all_correct(
+    server, tmp_path):
+  source = tmp_path / 'input.txt'
+  source.write_text('\n'.join(LINES) + '\n')
+  expected = _expected()
+  start = threading.Barrier(CLIENTS)
+
+  def client(round_, i):
+    staged = tmp_path / f'note-{round_}-{i}.txt'
+    staged.write_text(f'client {i} of round {round_}\n')
+    output = str(tmp_path / f'out-{round_}-{i}' / 'counts')
+    start.wait(60)
+    wordcount.run([
+        '--runner=PortableRunner', f'--job_endpoint={server.job_endpoint}',
+        '--environment_type=beam:env:embedded_python:v1',
+        f'--job_name=wc-{round_}-{i}', f'--files_to_stage={staged}',
+        # One partition per shuffle: the clients' concurrency is the point,
+        # not each job's parallelism (half the tasks on 2 shared cores).
+        '--spark_parallelism=1',
+        f'--input={source}', f'--output={output}'], save_main_session=False)
+    return output
+
+  for round_ in range(ROUNDS):
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+      outputs = list(pool.map(lambda i: client(round_, i), range(CLIENTS)))
+    wrong = {o: c for o in outputs if (c := _counts(o)) != expected}
+    assert not wrong, f'round {round_}: {len(wrong)} wrong outputs'
+  jobs = server.job_stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
+  # The history keeps the last ten ended jobs, all DONE.
+  assert len(jobs) == 10
+  assert {j.state for j in jobs} == {beam_job_api_pb2.JobState.DONE}
+  assert 'NOT_FOUND' not in server.log()
