@@ -83,9 +83,11 @@ def test_a_load_test_on_our_runner_and_by_hand(sc):
   from benchmarks import loadtests
   from benchmarks import synthetic
   test = loadtests.TESTS['pardo_10_counters']
-  options = loadtests._scaled(test.options, 0.002)  # 2,000 records
+  options = loadtests._scaled(test.options, 0.004)
+  records = options['input_options']['num_records']
+  assert records == 2000  # the TESTS' sizes times 0.004
   ran = loadtests.run_load_test(test, options, OURS)
   (counter, ) = ran.result.metrics().query(
       MetricsFilter().with_name('name-0'))['counters']
-  assert counter.committed == 2000 * 10
+  assert counter.committed == records * 10
   synthetic.JOBS[test.job](sc, options)
