@@ -230,6 +230,7 @@ class StreamingPipelineJob(SparkPipelineJob):
         self._batches, index, trigger.time, self._now, self._teststream,
         draining)
     started, waves = time.monotonic(), self._waves
+    self._activity = f'micro-batch {index}'  # in Spark's job descriptions
     self._arrival = self._now = max(self._now, batch.arrival_time)
     granted = self._reads.grant(trigger.grants)
     self._wave()

@@ -166,10 +166,13 @@ def finalize_committed(sc, job_id: str, committed: int) -> None:
   the Python workers (worker.finalization), with a task per worker slot; a
   worker this misses finalizes them at its next task of the job, or when
   the job is released."""
+  from beam_pyspark.spark import naming
   from beam_pyspark.spark import release
   slots = 2 * max(1, sc.defaultParallelism)
-  sc.parallelize(range(slots), slots).foreach(
-      release.FinalizeCommitted(job_id, committed))
+  with naming.call_site(sc, f'Beam job {job_id}: finalize the bundles of '
+                        f'micro-batches up to {committed}'):
+    sc.parallelize(range(slots), slots).foreach(
+        release.FinalizeCommitted(job_id, committed))
 
 
 # The runner's own metrics of a streaming job (result.metrics(), the
