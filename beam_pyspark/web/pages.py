@@ -16,6 +16,7 @@ from typing import Callable
 from typing import Optional
 
 from beam_pyspark.web import assets
+from beam_pyspark.web import charts
 from beam_pyspark.web.jobdata import SEVERITIES
 
 _esc = html.escape
@@ -29,7 +30,8 @@ def job_path(job_id: str) -> str:
 def page(title: str, body: str, script: str = '') -> bytes:
   tail = f'<script>{script}</script>' if script else ''
   return (f'<!doctype html><html><head><meta charset="utf-8">'
-          f'<title>{_esc(title)}</title><style>{assets.STYLE}</style>'
+          f'<title>{_esc(title)}</title>'
+          f'<style>{assets.STYLE}{charts.STYLE}</style>'
           f'</head><body>{body}{tail}</body></html>').encode('utf-8')
 
 
@@ -147,7 +149,11 @@ def _streaming_section(status: Optional[dict]) -> str:
   if not status:
     return ''
   parts = ['<h2>Streaming</h2>']
+  if status.get('series'):
+    parts.append(charts.streaming_charts(status['series']))
   for key, value in status.items():
+    if key == 'series':
+      continue  # charted above
     parts.append(f'<h3>{_esc(str(key).replace("_", " ").capitalize())}</h3>')
     if isinstance(value, dict) and value and all(
         isinstance(v, dict) for v in value.values()):
