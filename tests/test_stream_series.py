@@ -69,3 +69,12 @@ def test_a_name_from_the_pipeline_is_escaped_in_the_svg():
         backlog=0, endpoint_backlogs={})
   svg = streaming_charts(s.snapshot())
   assert '<script>' not in svg and '&lt;script&gt;' in svg
+
+
+def test_a_batch_jobs_progress_chart_draws_tasks_done_over_time():
+  from beam_pyspark.web.charts import progress_chart
+  assert progress_chart([{'time': 1.0, 'done': 0, 'total': 4}]) == ''
+  svg = progress_chart([{'time': 1.0, 'done': 0, 'total': 4},
+                        {'time': 2.0, 'done': 3, 'total': 8}])
+  done = re.search(r'data-series="done">(.*?)</g>', svg).group(1)
+  assert re.findall(r'data-value="(\d+)"', done) == ['0', '3']

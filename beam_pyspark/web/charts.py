@@ -43,7 +43,8 @@ def _fmt(value: float) -> str:
 
 def chart(name: str, title: str, unit: str, points: list[dict],
           lines: dict[str, Callable[[dict], Optional[float]]],
-          view: str, level: Optional[float] = None) -> str:
+          view: str, level: Optional[float] = None,
+          point: str = 'micro-batch') -> str:
   """One line chart: x is each point's wall time, y each line's value.
 
   ``lines``: line name -> its value in a point (None: no value there);
@@ -102,7 +103,7 @@ def chart(name: str, title: str, unit: str, points: list[dict],
       parts.append(
           f'<circle cx="{x(p["time"]):.1f}" cy="{y(v):.1f}" r="2" '
           f'fill="{colour}" data-batch="{p["batch"]}" data-value="{v}">'
-          f'<title>{_esc(line)}: {_fmt(v)} {_esc(unit)} (micro-batch '
+          f'<title>{_esc(line)}: {_fmt(v)} {_esc(unit)} ({point} '
           f'{p["batch"]})</title></circle>')
     parts.append('</g>')
     label = line if len(line) <= 28 else line[:27] + '\u2026'
@@ -151,6 +152,17 @@ def streaming_charts(series: dict) -> str:
     out.append(f'<h3>{heading} ({len(points)} points)</h3>'
                f'<div class="charts">{"".join(charts)}</div>')
   return ''.join(out)
+
+
+def progress_chart(history: list[dict]) -> str:
+  """A batch job's Spark tasks done (and known) over time, from its
+  progress snapshots (spark.progress); '' until there are two."""
+  points = [dict(p, batch=i) for i, p in enumerate(history)]
+  if len(points) < 2:
+    return ''
+  return chart('tasks_done', 'Spark tasks over time', 'tasks', points,
+               {'done': lambda p: p['done'], 'known': lambda p: p['total']},
+               'since_start', point='sample')
 
 
 STYLE = ('.charts{display:flex;flex-wrap:wrap;gap:8px}'

@@ -184,7 +184,9 @@ def job_sections(detail: dict, graph: Callable[[], str]) -> dict[str, str]:
                     f'{progress_bar(detail["progress"])}</span> '
                     f'<span class="muted">{_duration(detail)}</span>'),
       'job-graph': graph(),
-      'job-stages': _stages_section(detail),
+      'job-stages': _stages_section(detail) + (
+          '' if detail['streaming'] else
+          charts.progress_chart(detail.get('progress_history') or [])),
       'job-metrics': _metrics_section(detail['metrics']),
       'job-messages': _messages_section(detail),
       'job-streaming': _streaming_section(detail['streaming']),
