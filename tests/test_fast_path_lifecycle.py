@@ -21,14 +21,25 @@ from apache_beam.utils.windowed_value import WindowedValue
 from fast_stages import run_on_and_off
 
 
+def _lines(path, n):
+  with open(path, 'w', encoding='utf-8') as f:
+    for i in range(n):
+      f.write(' '.join(f'w{(i * 7 + j) % 500}' for j in range(i % 11)) + '\n')
+  return str(path)
+
+
 @pytest.fixture(scope='module')
 def text(tmp_path_factory):
   """About 2.4 MiB of lines (three splits in two tasks, so two bundles)."""
-  path = tmp_path_factory.mktemp('life') / 'lines.txt'
-  with open(path, 'w', encoding='utf-8') as f:
-    for i in range(100_000):
-      f.write(' '.join(f'w{(i * 7 + j) % 500}' for j in range(i % 11)) + '\n')
-  return str(path)
+  return _lines(tmp_path_factory.mktemp('life') / 'lines.txt', 100_000)
+
+
+@pytest.fixture(scope='module')
+def small_text(tmp_path_factory):
+  """A tenth of ``text``: the shapes need no more than a bundle, and with
+  the fast path off each of their dozen steps runs in the harness (the
+  test took 89 s with ``text`` at load 9)."""
+  return _lines(tmp_path_factory.mktemp('shapes') / 'lines.txt', 10_000)
 
 
 class Life(beam.DoFn):
@@ -128,9 +139,9 @@ class WordExtractingDoFn(beam.DoFn):
     return re.findall(r'[\w\']+', element, re.UNICODE)
 
 
-def test_the_shapes_people_write_on_and_off(text, tmp_path):
+def test_the_shapes_people_write_on_and_off(small_text, tmp_path):
   def build(p, out):
-    words = (p | ReadFromText(text) | 'Split' >> beam.ParDo(WordExtractingDoFn())
+    words = (p | ReadFromText(small_text) | 'Split' >> beam.ParDo(WordExtractingDoFn())
              | 'NotW1' >> beam.Filter(lambda w: not w.startswith('w1')))
     short, long_ = words | beam.Partition(lambda w, n: int(len(w) > 3), 2)
     counted = (short | beam.Map(lambda w: (w, 1))
