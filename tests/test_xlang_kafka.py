@@ -24,7 +24,9 @@ import apache_beam as beam
 from apache_beam.io.kafka import ReadFromKafka
 from apache_beam.io.kafka import WriteToKafka
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_runner_api_pb2
 
 from jobserver_process import JobServerProcess
 from kafka_broker import KafkaBroker
@@ -55,7 +57,7 @@ def kafka_service(tmp_path_factory):
 
 def read_and_write(options, broker, service, topic: str, out: str):
   """One pipeline: Python elements to ``topic``; the seeded topic, bounded,
-  to text."""
+  to text. Returns the expanded pipeline's environments."""
   with beam.Pipeline(options=options) as p:
     _ = (
         p
@@ -79,6 +81,8 @@ def read_and_write(options, broker, service, topic: str, out: str):
         | 'Decode' >> beam.Map(
             lambda kv: json.dumps([kv[0].decode(), kv[1].decode()]))
         | 'Text' >> beam.io.WriteToText(out))
+    environments = p.to_runner_api().components.environments
+  return environments
 
 
 def read_text(path: str) -> list:
@@ -99,12 +103,29 @@ def test_kafka_write_and_bounded_read_on_pyspark_runner(
     broker, kafka_service, tmp_path):
   broker.create_topic('from-pyspark-runner', PARTITIONS)
   out = str(tmp_path / 'read')
-  read_and_write(
+  environments = read_and_write(
       PipelineOptions([
           '--runner=beam_pyspark.PySparkRunner',
           '--spark_master_url=local[2]',
       ]), broker, kafka_service, 'from-pyspark-runner', out)
+  commands = {
+      beam_runner_api_pb2.ProcessPayload.FromString(e.payload).command
+      for e in environments.values()
+      if e.urn == common_urns.environments.PROCESS.urn
+  }
+  assert commands == {'python -m beam_pyspark.boot java'}
   check(broker, 'from-pyspark-runner', out)
+
+
+@pytest.fixture(scope='module')
+def kafka_service_beam_default(tmp_path_factory):
+  """The same service with Beam's default environment: a Docker image,
+  which the job server maps to the PROCESS boot by default."""
+  service = ExpansionService(
+      'kafka', str(tmp_path_factory.mktemp('xkafkad')),
+      '--beam-default-environment')
+  yield service
+  service.stop()
 
 
 @pytest.fixture(scope='module')
@@ -115,13 +136,24 @@ def job_server(tmp_path_factory):
 
 
 def test_kafka_write_and_bounded_read_through_the_job_server(
-    broker, kafka_service, job_server, tmp_path):
+    broker, kafka_service_beam_default, job_server, tmp_path):
+  """Through the job server, with an expansion service left at Beam's
+  default environment (Docker): the job server's default override runs
+  Beam's Java image as the PROCESS boot, which the job's messages say."""
   broker.create_topic('from-job-server', PARTITIONS)
   out = str(tmp_path / 'read')
-  read_and_write(
-      PipelineOptions([
-          '--runner=PortableRunner',
-          f'--job_endpoint={job_server.job_endpoint}',
-          f'--environment_type={python_urns.EMBEDDED_PYTHON}',
-      ]), broker, kafka_service, 'from-job-server', out)
+  options = PipelineOptions([
+      '--runner=PortableRunner',
+      f'--job_endpoint={job_server.job_endpoint}',
+      f'--environment_type={python_urns.EMBEDDED_PYTHON}',
+  ])
+  environments = read_and_write(options, broker, kafka_service_beam_default,
+                                'from-job-server', out)
+  # There is no Docker here: the Java stages ran through the override.
+  images = {
+      beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
+      for e in environments.values()
+      if e.urn == common_urns.environments.DOCKER.urn
+  }
+  assert images == {'apache/beam_java17_sdk:2.71.0'}
   check(broker, 'from-job-server', out)

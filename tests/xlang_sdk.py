@@ -53,14 +53,15 @@ class ExpansionService:
   """Beam's Java expansion service (``sql`` or ``kafka``) on a free port,
   started by scripts/expansion-service.sh as a user starts it."""
 
-  def __init__(self, name: str, log_dir: str, timeout: float = 300):
+  def __init__(self, name: str, log_dir: str, *args: str,
+               timeout: float = 300):
     read_classpath(os.path.join(XLANG_DIR, name, 'target', 'classpath.txt'))
     self.port = _free_port()
     self.address = f'localhost:{self.port}'
     self.log_path = os.path.join(log_dir, f'expansion-{name}.log')
     self._log = open(self.log_path, 'wb')
     self.process = subprocess.Popen(
-        [EXPANSION_SCRIPT, name, str(self.port)],
+        [EXPANSION_SCRIPT, name, str(self.port), *args],
         stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     # It lists its transforms before it listens: on a busy 2-core machine
