@@ -109,7 +109,7 @@ def check_environments(p: beam.Pipeline) -> None:
   assert len(java_ids) == 1, envs
   java_id = java_ids[0]
   jars = envs[java_id].dependencies
-  assert len(jars) > 100  # the expansion service's classpath
+  assert len(jars) > 40  # the expansion service's classpath
   names = {
       beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(
           a.role_payload).staged_name for a in jars
