@@ -2,8 +2,9 @@
 says when its checkpoint is removed under it (issue 26).
 
 A real ``beam-pyspark job-server`` subprocess and Beam's PortableRunner
-client: each location the runner cannot use (another scheme, under /proc,
-under a regular file) is refused when the job is submitted, naming
+client: each location the runner cannot use (an unknown scheme, one whose
+library is not installed, a namenode no one serves, under /proc, under a
+regular file) is refused when the job is submitted, naming
 ``--checkpoint_location``; nothing is made of it (``hdfs://`` used to
 become a local directory ``./hdfs:/namenode:8020/ckpt``). A running job
 whose checkpoint is deleted fails saying so, and gives no resume hint.
@@ -12,6 +13,7 @@ PySparkRunner refuses the same locations before anything runs.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import time
@@ -34,12 +36,18 @@ import streaming_recovery_job as job
 def _bad_locations(tmp_path):
   regular = tmp_path / 'a-file'
   regular.write_text('not a directory')
-  return {
-      'hdfs://namenode:8020/ckpt': 'cannot go to hdfs://',
-      's3://bucket/ckpt': 'cannot go to s3://',
+  found = {
+      # A namenode no one serves: refused at once, nothing made locally.
+      'hdfs://namenode:8020/ckpt': 'cannot create or write to',
+      'ftp://host/ckpt': 'cannot go to ftp://',
       '/proc/beam-pyspark-ckpt': 'cannot create or write to',
       f'{regular}/ckpt': 'NotADirectoryError',
   }
+  # The test environment installs the [hdfs] and [s3] extras, not [gcs]:
+  # a scheme whose library is missing is refused naming its extra.
+  if importlib.util.find_spec('gcsfs') is None:
+    found['gs://bucket/ckpt'] = 'beam-pyspark[gcs]'
+  return found
 
 
 def _streaming(p):
@@ -72,7 +80,7 @@ def test_bad_locations_are_refused_at_submission(server, tmp_path):
   # No job ran: each was refused at Run, and is still a preparation.
   jobs = server.job_stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
   assert all(j.state == beam_job_api_pb2.JobState.STOPPED for j in jobs)
-  assert not os.path.exists('hdfs:') and not os.path.exists('s3:')
+  assert not os.path.exists('hdfs:') and not os.path.exists('gs:')
 
 
 def test_the_runner_refuses_them_before_running(tmp_path):
