@@ -53,7 +53,7 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
 # Apache Hadoop's MiniDFSCluster (Maven, into ~/.m2) for the HDFS
-# checkpoint tests (tests/test_checkpoint_stores.py); again only when
+# checkpoint tests (tests/test_checkpoint_hdfs.py); again only when
 # tests/hdfs/pom.xml changes.
 HDFS_STAMP := tests/hdfs/target/classpath.txt
 $(HDFS_STAMP): tests/hdfs/pom.xml scripts/hdfs-minicluster.sh

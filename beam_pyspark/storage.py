@@ -414,6 +414,14 @@ class FsspecStore(Store):
     self.fs.makedirs(self._full(name), exist_ok=True)
 
   def remove(self, *names: str) -> None:
+    if self.object_store and len(names) > 1:
+      # One request for them all (S3's DeleteObjects; a missing key is
+      # no error there).
+      try:
+        self.fs.rm([self._full(n) for n in names])
+      except FileNotFoundError:
+        pass
+      return
     for name in names:
       self.remove_full(self._full(name))
 

@@ -27,9 +27,9 @@ import uuid
 STATE, MANIFEST = b'x' * 2048, b'm' * 8192
 
 
-def _store_layer(root):
+def _store_layer(root, options=None):
   from beam_pyspark.storage import Location
-  store = Location.parse(root).store()
+  store = Location.parse(root, options).store()
 
   def batch(n):
     names = [f'state/n/{p}/{uuid.uuid4().hex}' for p in range(4)]
@@ -148,7 +148,29 @@ def main(argv=None):
   parser.add_argument('--rounds', type=int, default=300)
   parser.add_argument('--dir', default=None)
   parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument(
+      '--location', default=None,
+      help='measure this runner\'s store alone at this URL (hdfs://, s3://)')
+  parser.add_argument(
+      '--option', action='append', default=[], metavar='NAME=VALUE',
+      help='a storage option for --location (Beam\'s, e.g. hdfs_port=9870)')
   args = parser.parse_args(argv)
+  if args.location:
+    options = dict(o.split('=', 1) for o in args.option)
+    times = []
+    for _ in range(args.repeats):
+      root = f'{args.location.rstrip("/")}/{uuid.uuid4().hex}'
+      batch = _store_layer(root, options)
+      batch(0)
+      started = time.perf_counter()
+      for n in range(1, args.rounds + 1):
+        batch(n)
+      times.append((time.perf_counter() - started) / args.rounds * 1000)
+      from beam_pyspark.storage import Location
+      Location.parse(root, options).store().rmtree()
+    print(f'{args.location}: {statistics.median(times):.3f} ms per '
+          f'micro-batch (runs: {", ".join(f"{t:.3f}" for t in times)})')
+    return
   base = tempfile.mkdtemp(dir=args.dir, prefix='ckpt-io-')
   try:
     results = {name: [] for name in LAYERS}

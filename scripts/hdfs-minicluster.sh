@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Apache Hadoop's MiniDFSCluster for the checkpoint-storage tests
-# (tests/test_checkpoint_stores.py): resolves tests/hdfs/pom.xml
+# (tests/test_checkpoint_hdfs.py): resolves tests/hdfs/pom.xml
 # (hadoop-client-minicluster, the Hadoop version pyspark bundles) into
 # Maven's own cache (~/.m2) and writes the classpath the tests start
 # tests/hdfs/MiniHdfs.java with. Needs Maven and a JDK (as sdk-java.sh).
