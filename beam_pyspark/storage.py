@@ -152,7 +152,7 @@ class Location:
     through Hadoop's FileSystem: local paths and hdfs:// (the client
     pyspark bundles) go under the location; s3:// would need s3a, that
     is hadoop-aws and the AWS SDK on Spark's classpath (the SDK's bundle
-    alone is some 600 MB), gs:// Google's connector: for those it stays
+    alone is several hundred MB), gs:// Google's connector: for those it stays
     on the driver's disk, and a driver that resumes without it goes on
     from the runner's own manifests (``spark.sources``)."""
     if self.scheme in SPARK_SCHEMES:
