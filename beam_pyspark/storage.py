@@ -151,10 +151,11 @@ class Location:
     when that is not under this location, why. Spark's JVM writes it
     through Hadoop's FileSystem: local paths and hdfs:// (the client
     pyspark bundles) go under the location; s3:// would need s3a, that
-    is hadoop-aws and the AWS SDK on Spark's classpath (the SDK's bundle
-    alone is several hundred MB), gs:// Google's connector: for those it stays
-    on the driver's disk, and a driver that resumes without it goes on
-    from the runner's own manifests (``spark.sources``)."""
+    is hadoop-aws and the AWS SDK on Spark's classpath (the SDK's
+    bundle alone is several hundred MB), gs:// Google's connector: for
+    those it stays on the driver's disk, and a driver that resumes
+    without it goes on from the runner's own manifests
+    (``spark.sources``)."""
     if self.scheme in SPARK_SCHEMES:
       return self.join('query'), None
     digest = hashlib.sha256(self.url.encode('utf-8')).hexdigest()[:20]
@@ -270,6 +271,7 @@ class LocalStore(Store):
 
   def commit(self, name: str, data: bytes) -> None:
     path = self.path(name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = self._temporary(path, data)
     try:
       os.link(tmp, path)  # atomic, and never replaces
@@ -382,11 +384,20 @@ class FsspecStore(Store):
         'RENAME', method='put', path=src, destination=dst)
     return bool(answer.json().get('boolean'))
 
+  # fsspec's own exists() and isdir() answer False for any error: a store
+  # out of reach would read as a checkpoint that is gone.
+  def _info(self, name: str) -> Optional[dict]:
+    try:
+      return self.fs.info(self._full(name))
+    except FileNotFoundError:
+      return None
+
   def exists(self, name: str) -> bool:
-    return self.fs.exists(self._full(name))
+    return self._info(name) is not None
 
   def isdir(self, name: str) -> bool:
-    return self.fs.isdir(self._full(name))
+    info = self._info(name)
+    return info is not None and info.get('type') == 'directory'
 
   def listdir(self, name: str) -> list[str]:
     try:
@@ -407,9 +418,9 @@ class FsspecStore(Store):
     if self.object_store:
       # Object stores have no directories: a marker object makes the
       # prefix exist, so that a location made at submission is there.
-      marker = self._full(posixpath.join(name, KEEP) if name else KEEP)
-      if not self.fs.exists(marker):
-        self.fs.pipe_file(marker, b'')
+      marker = posixpath.join(name, KEEP) if name else KEEP
+      if not self.exists(marker):
+        self.fs.pipe_file(self._full(marker), b'')
       return
     self.fs.makedirs(self._full(name), exist_ok=True)
 

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.spark.checkpoints import CheckpointDir
 from beam_pyspark.storage import Location
 from beam_pyspark.storage import checked
@@ -62,6 +63,10 @@ def check_checkpoint_dir(server) -> None:
   book = ManifestBook('fp')
   book.changed(('state', 'n', 0), directory.write_file(0, b'zero'))
   directory.commit(book.commit(0, {'now': 5}))
+  # A second driver on the same location (a zombie) cannot commit batch 0
+  # over the first one's.
+  with pytest.raises(PipelineExecutionError, match='another driver'):
+    CheckpointDir(where).commit(ManifestBook('fp').commit(0, {'now': 6}))
   orphan = directory.write_file(1, b'never committed')
   again = CheckpointDir(where)
   manifests = again.manifests()
@@ -69,6 +74,7 @@ def check_checkpoint_dir(server) -> None:
   resumed = ManifestBook('fp', manifests)
   again.sweep(resumed.live())
   assert again.read_file(resumed.file_of(('state', 'n', 0))) == b'zero'
+  assert manifests[0].driver == {'now': 5}
   assert not where.store().exists(orphan)
   again.delete()
   assert not where.store().isdir('')

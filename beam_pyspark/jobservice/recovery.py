@@ -103,11 +103,21 @@ class StreamingRecovery:
     location = checkpoint_location(
         runner_options.checkpoint_location or self.owned(job_id),
         runner_options.job_options)
-    if not location.store().isdir(''):
+    try:
+      if not location.store().isdir(''):
+        return (f'The job server stopped while this streaming job was '
+                f'running, and its checkpoint directory {location.url} is '
+                'gone, so it cannot resume: submit the job again to run it '
+                'from its start.')
+      return Resume(location.url, last_committed(kind, location))
+    except Exception as exn:  # pylint: disable=broad-except
+      # HDFS or an object store out of reach (each client has its errors).
+      reason = (str(exn).strip().splitlines() or [''])[0][:300]
       return (f'The job server stopped while this streaming job was running, '
-              f'and its checkpoint directory {location.url} is gone, so it '
-              'cannot resume: submit the job again to run it from its start.')
-    return Resume(location.url, last_committed(kind, location))
+              f'and its checkpoint at {location.url} cannot be read now '
+              f'({type(exn).__name__}: {reason}): submit the same pipeline '
+              f'with --checkpoint_location={location.url} to resume from it '
+              'once it can be.')
 
   def forget(self, job_id: str) -> None:
     """The job left the history: the checkpoint the server gave it goes

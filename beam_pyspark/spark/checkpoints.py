@@ -245,8 +245,9 @@ class CheckpointDir:
           f'while the job ran?): micro-batch {manifest.batch} cannot '
           'commit.')
     try:
-      self.store.commit(self.manifest_name(manifest.batch),
-                        pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
+      self.store.commit(
+          self.manifest_name(manifest.batch),
+          pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
     except FileExistsError:
       raise PipelineExecutionError(
           f'Micro-batch {manifest.batch} was committed to {self.path} by '
