@@ -188,7 +188,7 @@ class _MicroBatchReader(DataSourceStreamReader):
     self.location = Location.parse(options['location'], {
         k[len(_STORAGE_PREFIX):]: v for k, v in options.items()
         if k.startswith(_STORAGE_PREFIX)})
-    self.control = options['control']
+    self.control = options.get('control') or control_dir(self.location)
     self.teststream = int(options.get('teststream', '0'))
     self.wall_clock = options.get('wall_clock') == 'true'
     budget = int(options.get('budget', '0'))
