@@ -195,10 +195,14 @@ class JobCheckpoint:
     """Whether the checkpoint was removed under the job: its last
     committed manifest is missing. (Spark writes its own logs to the same
     location and makes the directory again, so the directory alone says
-    nothing.)"""
+    nothing.) A store out of reach (HDFS, S3) is not gone: it may come
+    back, and the job's own error says what failed."""
     latest, store = self.book.latest, self.dir.store
-    return not (store.exists(self.dir.manifest_name(latest.batch))
-                if latest is not None else store.isdir(_MANIFESTS))
+    try:
+      return not (store.exists(self.dir.manifest_name(latest.batch))
+                  if latest is not None else store.isdir(_MANIFESTS))
+    except Exception:  # pylint: disable=broad-except
+      return False
 
   def delete(self) -> None:
     self.dir.delete()
