@@ -6,14 +6,16 @@ manifest committed once with S3's conditional PUT), then the driver-kill
 job of test_streaming_recovery.py (a TestStream into windowed sums under
 early, on-time and late firings, a stateful DoFn with a timer, Beam's
 file sink) with its checkpoint on s3://, its driver SIGKILLed mid-batch
-and started again: its output equals Beam's DirectRunner's. Spark's own
-query checkpoint stays on the driver's disk (no s3a in pyspark), and the
-job says so. HDFS and a job server's restart: test_checkpoint_hdfs.py.
+and started again as on another host (without Spark's own query
+checkpoint, which stays on the driver's disk: no s3a in pyspark, and the
+job says so): it goes on from its manifests on S3, and its output equals
+Beam's DirectRunner's. HDFS and a job server's restart: test_checkpoint_hdfs.py.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +87,12 @@ def test_driver_killed_mid_batch_resumes_from_s3_with_exact_output(
       'nothing was committed')
   assert 'kept on the driver\'s disk' in err, err[-3000:]
   assert not os.path.exists(os.path.join(HERE, 's3:'))
+  # The driver starts again on another host: Spark's own query checkpoint
+  # (on the dead driver's disk) is not there; the job goes on from the
+  # runner's manifests on S3.
+  query, _ = location(s3, path).query_checkpoint()
+  assert os.path.isdir(os.path.join(query, 'offsets'))
+  shutil.rmtree(query)
   code, err = _finish(_start(out, url, *flags))
   assert code == 0, err[-3000:]
   marker = 'Resuming after micro-batch '
