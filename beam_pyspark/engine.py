@@ -19,7 +19,6 @@ from typing import Protocol
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from beam_pyspark.errors import InvalidOptionsError
 from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.storage import Location
