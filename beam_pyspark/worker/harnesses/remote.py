@@ -37,6 +37,7 @@ from beam_pyspark.worker.harnesses.base import CollectedBundle
 from beam_pyspark.worker.harnesses.base import HarnessLostError
 from beam_pyspark.worker.harnesses.base import user_state_tokens
 from beam_pyspark.worker.harnesses.base import DelegatingStateHandler
+from beam_pyspark.worker.harnesses.base import name_channel_splits
 from beam_pyspark.worker.harnesses.base import send_input
 from beam_pyspark.worker.harnesses.servers import Manager
 from beam_pyspark.worker.harnesses.servers import ProcessWorkerHandler
@@ -215,7 +216,7 @@ class RemoteHarness:
                   })))
       if response.error:
         return False
-      result = response.process_bundle_split
+      result = name_channel_splits(response.process_bundle_split, input_id)
       if result.residual_roots or result.channel_splits:
         self.last_split = result
         _LOGGER.info(
