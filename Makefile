@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang demo test bench clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -63,11 +63,19 @@ $(XLANG_STAMP): sdks/xlang/sql/pom.xml sdks/xlang/kafka/pom.xml \
 	@scripts/sdk-xlang.sh
 sdk-xlang: $(XLANG_STAMP)
 
+# Apache Hadoop's MiniDFSCluster (Maven, into ~/.m2) for the HDFS
+# checkpoint tests (tests/test_checkpoint_hdfs.py); again only when
+# tests/hdfs/pom.xml changes.
+HDFS_STAMP := tests/hdfs/target/classpath.txt
+$(HDFS_STAMP): tests/hdfs/pom.xml scripts/hdfs-minicluster.sh
+	@scripts/hdfs-minicluster.sh
+hdfs-minicluster: $(HDFS_STAMP)
+
 # pytest exits 5 when it collected no test: that is a failure here, never
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-typescript sdk-go sdk-java sdk-xlang
+test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \

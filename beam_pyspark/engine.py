@@ -13,18 +13,17 @@ and its callers need no Spark.
 from __future__ import annotations
 
 import importlib
-import os
-import urllib.parse
-import uuid
 from typing import Callable
 from typing import Optional
 from typing import Protocol
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from beam_pyspark.errors import InvalidOptionsError
 from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.options import RunnerOptions
+from beam_pyspark.storage import Location
+from beam_pyspark.storage import checked
+from beam_pyspark.storage import storage_options
 
 BATCH = 'batch'
 STREAMING = 'streaming'
@@ -40,9 +39,7 @@ ENGINES: dict[str, str] = {
 CHECKPOINTS: dict[str, str] = {
     STREAMING: 'beam_pyspark.spark.checkpoints:last_committed',
 }
-# Where checkpoints may be: a path of a file system the driver and every
-# executor mount (object stores and HDFS are not written yet).
-CHECKPOINT_SCHEMES = ('file',)
+# Where checkpoints may be: a local path, or a scheme of storage.REMOTE_SCHEMES.
 
 
 class Engine(Protocol):
@@ -120,7 +117,7 @@ def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,
       plan, job_id, options, log)
 
 
-def last_committed(kind: str, location: str) -> Optional[int]:
+def last_committed(kind: str, location: Location) -> Optional[int]:
   """The last micro-batch an engine of ``kind`` committed to its
   checkpoint at ``location``: where a job started again there goes on
   from. None when nothing committed there, or the kind keeps no
@@ -131,48 +128,27 @@ def last_committed(kind: str, location: str) -> Optional[int]:
   return getattr(importlib.import_module(module_name), function)(location)
 
 
+def checkpoint_location(location: str,
+                        job_options: Optional[dict] = None) -> Location:
+  """The location a ``--checkpoint_location`` names, reached with the
+  job's storage options (``storage``). Raises InvalidOptionsError naming
+  the option for a scheme this runner does not write, or whose library
+  is not installed (naming the package's extra to install)."""
+  return Location.parse(location, storage_options(job_options))
+
+
 def checkpoint_path(location: str) -> str:
-  """The local path a ``--checkpoint_location`` names: a plain path or a
-  file:// URL. Raises InvalidOptionsError naming the option for a scheme
-  this runner does not write (hdfs:// made a local directory
+  """A ``--checkpoint_location`` as this runner names it: a local path
+  made absolute, a URL normalized (``checkpoint_location``)."""
+  return checkpoint_location(location).url
+
+
+def checked_checkpoint_location(location: str,
+                                job_options: Optional[dict] = None) -> str:
+  """``checkpoint_path(location)``, checked at submission: a location
+  that exists or can be made, and that this process can write to. Raises
+  InvalidOptionsError naming the option (a location under /proc or under
+  a regular file failed later with a bare FileNotFoundError or
+  NotADirectoryError; hdfs://namenode:8020/ckpt made a local directory
   './hdfs:/namenode:8020/ckpt' and failed 19 s on)."""
-  option = f'--checkpoint_location={location}'
-  parts = urllib.parse.urlsplit(location)
-  scheme = parts.scheme.lower()
-  if len(scheme) == 1 and os.name == 'nt':  # a drive letter
-    scheme = ''
-  if scheme not in ('', *CHECKPOINT_SCHEMES):
-    raise InvalidOptionsError([
-        f'{option}: streaming checkpoints cannot go to {scheme}:// yet; '
-        'give a path of a file system that the driver and every executor '
-        'mount (a local path on local Spark; on a cluster a shared mount '
-        'such as NFS), as /path or file:///path.'])
-  path = location
-  if scheme == 'file':
-    if parts.netloc not in ('', 'localhost'):
-      raise InvalidOptionsError([
-          f'{option}: a file URL names a local path (file:///path), not '
-          f'host {parts.netloc!r}.'])
-    path = urllib.parse.unquote(parts.path)
-  return os.path.abspath(os.path.expanduser(path))
-
-
-def checked_checkpoint_location(location: str) -> str:
-  """``checkpoint_path(location)``, checked at submission: a directory
-  that exists or can be made, and that this process can write to.
-  Raises InvalidOptionsError naming the option (a location under /proc
-  or under a regular file failed later with a bare FileNotFoundError or
-  NotADirectoryError)."""
-  path = checkpoint_path(location)
-  try:
-    os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, f'.write-check-{uuid.uuid4().hex}')
-    with open(probe, 'xb'):
-      pass
-    os.remove(probe)
-  except OSError as exn:
-    raise InvalidOptionsError([
-        f'--checkpoint_location={location}: cannot create or write to '
-        f'{path} ({type(exn).__name__}: {exn.strerror or exn}); give a '
-        'directory this process can create and write to.']) from None
-  return path
+  return checked(location, storage_options(job_options)).url

@@ -94,7 +94,7 @@ class PipelineExecution:
     kind = check_engine(self.pipeline, self.options)
     if kind == STREAMING and self.options.checkpoint_location:
       self.options.checkpoint_location = checked_checkpoint_location(
-          self.options.checkpoint_location)
+          self.options.checkpoint_location, self.options.job_options)
 
   def start(self) -> None:
     self.validate()

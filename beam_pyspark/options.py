@@ -99,7 +99,9 @@ class PySparkRunnerOptions(PipelineOptions):
         'every micro-batch, and from which a job started again with the same '
         'pipeline and this location resumes after a crash (as Spark '
         'Structured Streaming\'s checkpointLocation). A local path on local '
-        'Spark; the driver\'s own disk or shared storage on a cluster. '
+        'Spark; on a cluster shared storage, hdfs://, s3:// or gs:// (the '
+        'extras beam-pyspark[hdfs], [s3], [gcs]; reached with Beam\'s '
+        '--hdfs_* and --s3_* options). '
         'Default: a directory of the job\'s own under the temporary '
         'directory, removed when the job ends (so no resume).')
     parser.add_argument(

@@ -20,6 +20,10 @@ import uuid
 # gRPC's fork handlers then break the child now and then. Beam's own
 # subprocess tests turn them off the same way. Read when grpc is imported.
 os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
+# botocore asks the cloud's instance metadata service for credentials it
+# finds nowhere else: tests reach only loopback (moto's S3 server, with
+# credentials given), never that address. Inherited by servers and jobs.
+os.environ.setdefault('AWS_EC2_METADATA_DISABLED', 'true')
 
 import pytest  # pylint: disable=wrong-import-position
 

@@ -369,10 +369,24 @@ def test_streaming_job_with_a_killed_executor_equals_the_direct_runner(
     cluster, tmp_path):
   """An unbounded splittable read over many micro-batches into windows,
   state and Beam's file sink, on a real cluster: its query, keyed state
-  chains and checkpoint across executors (the checkpoint location is a
-  path both workers see: one machine), and an executor killed in the
+  chains and checkpoint across executors, the checkpoint on HDFS as a
+  cluster's would be (a MiniDFSCluster on loopback: the executors' Python
+  workers write their state there through WebHDFS, Spark's JVM its query
+  checkpoint through Hadoop's client), and an executor killed in the
   middle of a micro-batch. Spark retries the lost tasks elsewhere; the
   output is exactly the DirectRunner's."""
+  from checkpoint_store_checks import location
+  from storage_servers import MiniHdfs
+  hdfs = MiniHdfs(str(tmp_path / 'hdfs'))
+  try:
+    _streaming_with_a_killed_executor(cluster, tmp_path, hdfs)
+    store = location(hdfs, 'checkpoint').store()
+    assert not store.isdir(''), 'a DONE job keeps no checkpoint'
+  finally:
+    hdfs.stop()
+
+
+def _streaming_with_a_killed_executor(cluster, tmp_path, hdfs):
   import apache_beam as beam
   from apache_beam.options.pipeline_options import PipelineOptions
   import streaming_recovery_job as job
@@ -387,8 +401,8 @@ def test_streaming_job_with_a_killed_executor_equals_the_direct_runner(
   log_path = str(tmp_path / 'streaming.log')
   proc = start_program(
       [os.path.join(HERE, 'streaming_recovery_job.py'), str(out),
-       str(tmp_path / 'checkpoint'), '--source=sdf', f'--stall={markers}'] +
-      runner_args(cluster)[1:], log_path)
+       hdfs.url('checkpoint'), '--source=sdf', f'--stall={markers}',
+       *hdfs.options] + runner_args(cluster)[1:], log_path)
   try:
     stalled = _wait_for_marker(str(markers / 'executor'), proc, log_path)
     _executor_of(stalled['pid']).kill()

@@ -36,7 +36,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.engine import STREAMING
 from beam_pyspark.engine import checked_checkpoint_location
-from beam_pyspark.engine import checkpoint_path
+from beam_pyspark.engine import checkpoint_location
 from beam_pyspark.engine import engine_kind
 from beam_pyspark.engine import last_committed
 from beam_pyspark.options import RunnerOptions
@@ -86,7 +86,8 @@ class StreamingRecovery:
     if engine_kind(pipeline, options) != STREAMING:
       return
     options.checkpoint_location = checked_checkpoint_location(
-        options.checkpoint_location or self.owned(job_id))
+        options.checkpoint_location or self.owned(job_id),
+        options.job_options)
 
   def after_restart(self, job_id: str, pipeline: beam_runner_api_pb2.Pipeline,
                     options: dict) -> Union[Resume, str, None]:
@@ -99,13 +100,24 @@ class StreamingRecovery:
     kind = engine_kind(pipeline, runner_options)
     if kind != STREAMING:
       return None
-    location = checkpoint_path(
-        runner_options.checkpoint_location or self.owned(job_id))
-    if not os.path.isdir(location):
+    location = checkpoint_location(
+        runner_options.checkpoint_location or self.owned(job_id),
+        runner_options.job_options)
+    try:
+      if not location.store().isdir(''):
+        return (f'The job server stopped while this streaming job was '
+                f'running, and its checkpoint directory {location.url} is '
+                'gone, so it cannot resume: submit the job again to run it '
+                'from its start.')
+      return Resume(location.url, last_committed(kind, location))
+    except Exception as exn:  # pylint: disable=broad-except
+      # HDFS or an object store out of reach (each client has its errors).
+      reason = (str(exn).strip().splitlines() or [''])[0][:300]
       return (f'The job server stopped while this streaming job was running, '
-              f'and its checkpoint directory {location} is gone, so it cannot '
-              'resume: submit the job again to run it from its start.')
-    return Resume(location, last_committed(kind, location))
+              f'and its checkpoint at {location.url} cannot be read now '
+              f'({type(exn).__name__}: {reason}): submit the same pipeline '
+              f'with --checkpoint_location={location.url} to resume from it '
+              'once it can be.')
 
   def forget(self, job_id: str) -> None:
     """The job left the history: the checkpoint the server gave it goes

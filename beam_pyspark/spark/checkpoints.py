@@ -11,9 +11,11 @@ what they hold):
 
 File names (what manifests hold) are relative to the location.
 
-Every file is written to a temporary name and renamed into place, so a
-driver killed while writing leaves no half file under a real name; the
-manifest's rename is the batch's commit. Files no manifest names (a batch
+The location is local, HDFS or an object store (``storage``): every file
+is written whole or not at all (a temporary name and a rename, or one
+PUT), so a driver killed while writing leaves no half file under a real
+name; the manifest, written once and never replaced, is the batch's
+commit. Files no manifest names (a batch
 that died before its commit) are removed when the job resumes.
 """
 
@@ -22,11 +24,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import posixpath
 import re
 import shutil
 import tempfile
 from typing import Callable
 from typing import Optional
+from typing import Union
 
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
@@ -34,6 +38,9 @@ from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.streaming.checkpoints import Manifest
 from beam_pyspark.streaming.checkpoints import ManifestBook
 from beam_pyspark.streaming.checkpoints import stage_key
+from beam_pyspark.storage import KEEP
+from beam_pyspark.storage import Location
+from beam_pyspark.storage import Store
 
 # A side input's contents are committed batch by batch; past this many
 # files they are rewritten as one (compaction).
@@ -100,14 +107,20 @@ class Resumed:
 class JobCheckpoint:
   """A streaming job's checkpoint: opened (files of a batch that never
   committed are swept), resumed from, committed to after each batch."""
-  def __init__(self, path: str, fingerprint_: str,
+  def __init__(self, location: Union[str, Location], fingerprint_: str,
                stable_names: Optional[dict] = None):
-    self.dir = CheckpointDir(path)
-    self.path = path
+    self.dir = CheckpointDir(location)
+    self.location = self.dir.location
+    self.path = self.dir.path
     self._stable = dict(stable_names or {})
     self._local = {v: k for k, v in self._stable.items()}
     self.book = ManifestBook(fingerprint_, self.dir.manifests())
     self.dir.sweep(self.book.live())
+    query, moved = self.location.query_checkpoint()
+    if moved and self.book.latest is None:
+      # Spark's own checkpoint kept on this disk from a job whose commits
+      # are gone: it would resume batches this checkpoint never had.
+      shutil.rmtree(query, ignore_errors=True)
     self._dirty: set = set()  # (node, partition) changed since the commit
     self._state_files: set[str] = set()  # written since the commit
     self._side_committed: dict[bytes, int] = {}
@@ -182,110 +195,112 @@ class JobCheckpoint:
     """Whether the checkpoint was removed under the job: its last
     committed manifest is missing. (Spark writes its own logs to the same
     location and makes the directory again, so the directory alone says
-    nothing.)"""
-    latest = self.book.latest
-    return not (os.path.isfile(self.dir.manifest_path(latest.batch))
-                if latest is not None else
-                os.path.isdir(os.path.join(self.path, _MANIFESTS)))
+    nothing.) A store out of reach (HDFS, S3) is not gone: it may come
+    back, and the job's own error says what failed."""
+    latest, store = self.book.latest, self.dir.store
+    try:
+      return not (store.exists(self.dir.manifest_name(latest.batch))
+                  if latest is not None else store.isdir(_MANIFESTS))
+    except Exception:  # pylint: disable=broad-except
+      return False
 
   def delete(self) -> None:
     self.dir.delete()
 
 
 class CheckpointDir:
-  def __init__(self, path: str):
-    self.path = path
-    os.makedirs(os.path.join(path, _MANIFESTS), exist_ok=True)
-    os.makedirs(os.path.join(path, _FILES), exist_ok=True)
+  """The checkpoint's files, through the location's store (``storage``):
+  local, HDFS or an object store alike."""
+  def __init__(self, location: Union[str, Location]):
+    if isinstance(location, str):
+      location = Location.parse(location)
+    self.location = location
+    self.path = location.url
+    self.store = location.store()
+    self.store.makedirs(_MANIFESTS)
+    self.store.makedirs(_FILES)
     self._written = 0
 
   def manifests(self) -> list[Manifest]:
     """The committed manifests, oldest first."""
-    return _manifests(self.path)
+    return _manifests(self.store)
 
   def write_file(self, batch: int, data: bytes) -> str:
     self._written += 1
-    name = os.path.join(_FILES, f'{batch}-{self._written}')
-    self._write(os.path.join(self.path, name), data)
+    name = posixpath.join(_FILES, f'{batch}-{self._written}')
+    self.store.write(name, data)
     return name
 
   def read_file(self, name: str) -> bytes:
-    with open(os.path.join(self.path, name), 'rb') as f:
-      return f.read()
+    return self.store.read(name)
+
+  def manifest_name(self, batch: int) -> str:
+    return posixpath.join(_MANIFESTS, str(batch))
 
   def manifest_path(self, batch: int) -> str:
-    return os.path.join(self.path, _MANIFESTS, str(batch))
+    return self.store.path(self.manifest_name(batch))
 
   def commit(self, manifest: Manifest) -> None:
-    if not os.path.isdir(os.path.join(self.path, _MANIFESTS)):
+    """The batch's commit: its manifest, written once (a manifest of that
+    batch already there was another driver's commit: this one fails)."""
+    if not self.store.isdir(_MANIFESTS):
       raise PipelineExecutionError(
           f'The job\'s checkpoint location {self.path} is gone (removed '
           f'while the job ran?): micro-batch {manifest.batch} cannot '
           'commit.')
-    self._write(self.manifest_path(manifest.batch),
-                pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
+    try:
+      self.store.commit(
+          self.manifest_name(manifest.batch),
+          pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
+    except FileExistsError:
+      raise PipelineExecutionError(
+          f'Micro-batch {manifest.batch} was committed to {self.path} by '
+          'another driver while this one ran it: two jobs (or two job '
+          'servers) run this pipeline on one --checkpoint_location. This '
+          'one stops; the other goes on.') from None
 
   def remove(self, batches: list[int], files: list[str]) -> None:
-    for batch in batches:
-      _remove(os.path.join(self.path, _MANIFESTS, str(batch)))
-    for name in files:
-      _remove(os.path.join(self.path, name))
+    self.store.remove(*[self.manifest_name(b) for b in batches], *files)
 
   def sweep(self, live: set[str]) -> None:
     """Removes files no kept manifest names (and temporary ones)."""
-    for name in os.listdir(os.path.join(self.path, _MANIFESTS)):
-      if not name.isdigit():
-        _remove(os.path.join(self.path, _MANIFESTS, name))
+    self.store.remove(*[
+        self.manifest_name(name) for name in self.store.listdir(_MANIFESTS)
+        if not name.isdigit() and name != KEEP])
     for top in (_FILES, _STATE):
-      for directory, _, names in os.walk(os.path.join(self.path, top)):
-        for name in names:
-          path = os.path.join(directory, name)
-          if os.path.relpath(path, self.path) not in live:
-            _remove(path)
+      self.store.remove(*[
+          name for name in self.store.files(top)
+          if name not in live and posixpath.basename(name) != KEEP])
 
   def delete(self) -> None:
-    shutil.rmtree(self.path, ignore_errors=True)
-
-  @staticmethod
-  def _write(path: str, data: bytes) -> None:
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'wb') as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
+    self.store.rmtree()
+    query, moved = self.location.query_checkpoint()
+    if moved:  # Spark's own, kept on the driver's disk
+      shutil.rmtree(query, ignore_errors=True)
 
 
-def _manifests(path: str) -> list[Manifest]:
-  """The manifests committed under ``path``, oldest first (an unreadable
+def _manifests(store: Store) -> list[Manifest]:
+  """The manifests committed under ``store``, oldest first (an unreadable
   one is left out: a manifest is only ever seen complete, so that is
   damage)."""
   found = []
-  directory = os.path.join(path, _MANIFESTS)
-  for name in os.listdir(directory):
+  for name in store.listdir(_MANIFESTS):
     if not name.isdigit():
       continue
     try:
-      with open(os.path.join(directory, name), 'rb') as f:
-        found.append(pickle.load(f))
+      found.append(pickle.loads(store.read(posixpath.join(_MANIFESTS, name))))
     except (OSError, pickle.UnpicklingError, EOFError):
       continue
   return sorted(found, key=lambda m: m.batch)
 
 
-def last_committed(path: str) -> Optional[int]:
-  """The micro-batch a job resuming from the checkpoint at ``path`` goes
-  on after (engine.CHECKPOINTS): its latest readable manifest's; None if
-  nothing committed there. Creates nothing, checks no fingerprint (the
-  engine does, when it resumes)."""
-  if not os.path.isdir(os.path.join(path, _MANIFESTS)):
+def last_committed(location: Location) -> Optional[int]:
+  """The micro-batch a job resuming from the checkpoint at ``location``
+  goes on after (engine.CHECKPOINTS): its latest readable manifest's;
+  None if nothing committed there. Creates nothing, checks no
+  fingerprint (the engine does, when it resumes)."""
+  store = location.store()
+  if not store.isdir(_MANIFESTS):
     return None
-  found = _manifests(path)
+  found = _manifests(store)
   return found[-1].batch if found else None
-
-
-def _remove(path: str) -> None:
-  try:
-    os.remove(path)
-  except FileNotFoundError:
-    pass

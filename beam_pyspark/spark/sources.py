@@ -21,9 +21,12 @@ micro-batches its own manifest says it committed. Spark's
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pickle
+import posixpath
+import tempfile
 import time
 from typing import Callable
 from typing import Optional
@@ -37,6 +40,7 @@ from pyspark.sql.datasource import InputPartition
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.storage import Location
 from beam_pyspark.streaming import endpoints
 from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.streaming.teststream import teststream_batches
@@ -111,8 +115,9 @@ def teststream_outputs(sc, ctx, stage: StagePlan,
 
 # -- the query ----------------------------------------------------------------
 
-# A file under the checkpoint location telling the source to offer no more
-# micro-batches (the job is cancelled, or its engine has finished).
+# A file in the query's control directory (``control_dir``) telling the
+# source to offer no more micro-batches (the job is cancelled, or its
+# engine has finished).
 STOP_MARKER = 'query-stop'
 # ... and to offer one micro-batch granting every endpoint, at once (the
 # job is draining).
@@ -143,8 +148,27 @@ def source_options(options, teststream_batches: int,
   }
 
 
-def request_drain(location: str) -> None:
-  _touch(os.path.join(location, DRAIN_MARKER))
+def control_dir(location: Location) -> str:
+  """Where the driver's engine and its query's source (two processes of
+  the driver's machine) leave each other markers: a local location
+  itself, as before; for a remote one a local directory, so the source
+  asks no remote store at every trigger."""
+  if location.local is not None:
+    return location.local
+  digest = hashlib.sha256(location.url.encode('utf-8')).hexdigest()[:20]
+  path = os.path.join(tempfile.gettempdir(), 'beam-pyspark-control', digest)
+  os.makedirs(path, exist_ok=True)
+  return path
+
+
+def request_drain(location: Location) -> None:
+  _touch(os.path.join(control_dir(location), DRAIN_MARKER))
+
+
+# The source's options that carry the location's storage options (Beam's
+# HDFS and S3 options: ``storage``); Spark redacts those that look secret
+# from its plans.
+_STORAGE_PREFIX = 'storage.'
 
 
 class _MicroBatchReader(DataSourceStreamReader):
@@ -161,7 +185,10 @@ class _MicroBatchReader(DataSourceStreamReader):
   engine's: files are all it shares with the engine.
   """
   def __init__(self, options: dict):
-    self.location = options['location']
+    self.location = Location.parse(options['location'], {
+        k[len(_STORAGE_PREFIX):]: v for k, v in options.items()
+        if k.startswith(_STORAGE_PREFIX)})
+    self.control = options.get('control') or control_dir(self.location)
     self.teststream = int(options.get('teststream', '0'))
     self.wall_clock = options.get('wall_clock') == 'true'
     budget = int(options.get('budget', '0'))
@@ -171,7 +198,16 @@ class _MicroBatchReader(DataSourceStreamReader):
     self._cached: Optional[tuple[int, dict]] = None
 
   def initialOffset(self) -> dict:
-    return {'batch': -1, 'time': 0, 'grants': {}}
+    """Where a query with a new checkpoint of its own starts: after the
+    runner's last commit (-1: none). Spark's query checkpoint is new for
+    a new job, and also when it was kept on another driver's disk (object
+    stores: ``storage.Location.query_checkpoint``): the job then goes on
+    from the runner's own manifests."""
+    return {'batch': self._latest_manifest(), 'time': 0, 'grants': {}}
+
+  def _latest_manifest(self) -> int:
+    names = self.location.store().listdir('manifests')
+    return max((int(n) for n in names if n.isdigit()), default=-1)
 
   def getDefaultReadLimit(self):
     from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -185,12 +221,12 @@ class _MicroBatchReader(DataSourceStreamReader):
     now = time.time_ns() // 1000
     if batch < 0:
       return {'batch': 0, 'time': now, 'grants': {}}
-    if os.path.exists(os.path.join(self.location, STOP_MARKER)):
+    if os.path.exists(os.path.join(self.control, STOP_MARKER)):
       return start
     offer = self._offer(batch)
     if offer.get('finished'):
       return start
-    if os.path.exists(os.path.join(self.location, DRAIN_MARKER)):
+    if os.path.exists(os.path.join(self.control, DRAIN_MARKER)):
       # Draining: every endpoint, now, with no record budget.
       return {'batch': batch + 1, 'time': now,
               'grants': {e: None for e in offer.get('endpoints', {})}}
@@ -208,9 +244,8 @@ class _MicroBatchReader(DataSourceStreamReader):
     (Spark asks for the next trigger once the last one ran, and our
     commit is part of running it): an older one is stale metadata, and
     fails the query rather than offering from it."""
-    directory = os.path.join(self.location, 'manifests')
-    names = [int(n) for n in os.listdir(directory) if n.isdigit()]
-    latest = max(names, default=-1)
+    directory = self.location.join('manifests')
+    latest = self._latest_manifest()
     if latest < batch:
       raise PipelineExecutionError(
           f'The streaming source\'s metadata is stale: Spark ran '
@@ -218,8 +253,8 @@ class _MicroBatchReader(DataSourceStreamReader):
           f'{directory} is {latest if latest >= 0 else "none"}. The '
           'checkpoint location was changed or damaged while the job ran.')
     if self._cached is None or self._cached[0] != latest:
-      with open(os.path.join(directory, str(latest)), 'rb') as f:
-        manifest = pickle.load(f)
+      manifest = pickle.loads(self.location.store().read(
+          posixpath.join('manifests', str(latest))))
       self._cached = (latest, manifest.driver.get('offer', {}))
     return self._cached[1]
 
@@ -263,13 +298,19 @@ class Query:
   cancelled job's does) ends the query: stopping a query while its
   foreachBatch runs can kill Spark's stream thread (DESIGN.md, traps), so
   ``stop()`` is called only once it is idle or over."""
-  def __init__(self, sc, job_id: str, location: str,
+  def __init__(self, sc, job_id: str, location: Location,
                run_batch: Callable[[Trigger], None],
                finished: Callable[[], bool], stopping: Callable[[], bool],
-               options: dict):
+               options: dict, log: Callable[[str], None] = lambda _: None):
     self.sc, self.job_id = sc, job_id
-    self.root = location
-    self.location = os.path.join(location, 'query')
+    self.checkpoint = location
+    self.root = control_dir(location)
+    # Spark's own checkpoint: under the location where its JVM can write
+    # there, else on the driver's disk (why is logged).
+    self.location, why = location.query_checkpoint()
+    self._local_query = location.local is not None or why is not None
+    if why:
+      log(why)
     self.run_batch = run_batch
     self.finished, self.stopping = finished, stopping
     self.options = options
@@ -281,7 +322,9 @@ class Query:
     spark = SparkSession(self.sc)
     spark.dataSource.register(MicroBatches)
     reader = spark.readStream.format(SOURCE_NAME).option(
-        'location', self.root)
+        'location', self.checkpoint.url).option('control', self.root)
+    for key, value in self.checkpoint.options:
+      reader = reader.option(f'{_STORAGE_PREFIX}{key}', str(value))
     for key, value in self.options.items():
       reader = reader.option(key, str(value))
     query = (
@@ -334,15 +377,20 @@ class Query:
     (``offsets/<id>``: a version line, Spark's metadata, then our source's
     offset), read without a Spark job over the source's rows (one a
     micro-batch, 0.1-0.3 s); None when the log does not read as one trigger
-    (the rows are read then)."""
+    (the rows are read then). Spark's batch id is ours, unless its query
+    checkpoint started anew after ours had commits (``initialOffset``)."""
     try:
-      with open(os.path.join(self.location, 'offsets', str(batch_id)),
-                encoding='utf-8') as f:
-        offset = json.loads(f.read().strip().splitlines()[-1])
-      if offset['batch'] != batch_id:
-        return None
-      return Trigger(offset['batch'], offset['time'], offset['grants'])
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+      if self._local_query:
+        with open(os.path.join(self.location, 'offsets', str(batch_id)),
+                  'rb') as f:
+          text = f.read()
+      else:
+        text = self.checkpoint.store().read(
+            posixpath.join('query', 'offsets', str(batch_id)))
+      offset = json.loads(text.decode('utf-8').strip().splitlines()[-1])
+      return Trigger(int(offset['batch']), offset['time'], offset['grants'])
+    except Exception:  # pylint: disable=broad-except
+      # OSError locally; a remote store's client raises its own.
       return None
 
 

@@ -56,6 +56,7 @@ from beam_pyspark.spark.stagegraph import group_node
 from beam_pyspark.spark.translate import SparkPipelineJob
 from beam_pyspark.streaming import MAX_MICROS
 from beam_pyspark.streaming.checkpoints import fingerprint
+from beam_pyspark import storage
 from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.worker.streaming import HELD_TAG
 from beam_pyspark.worker.streaming import REPORT_TAG
@@ -129,7 +130,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     left the job ends, its watermarks at +inf, every window fired."""
     self._reads.drain(drained_plan)
     if self._checkpoint is not None:
-      sources.request_drain(self._checkpoint.path)
+      sources.request_drain(self._checkpoint.location)
 
   def _open(self) -> None:
     super()._open()
@@ -173,9 +174,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     location = self.options.checkpoint_location
     # Raises CheckpointMismatch for another pipeline's checkpoint.
     names = stable_node_names(self.plan)
-    self._checkpoint = JobCheckpoint(
+    self._checkpoint = JobCheckpoint(storage.Location.parse(
         location or default_location(self.job_id),
-        fingerprint(
+        storage.storage_options(self.options.job_options)), fingerprint(
             beam_runner_api_pb2.Components.FromString(self.plan.components),
             names.values()), names)
     try:
@@ -194,12 +195,12 @@ class StreamingPipelineJob(SparkPipelineJob):
                      if self._teststream else [])
     self._check_cancelled()
     if self._reads.drained is not None:  # drained before it started
-      sources.request_drain(self._checkpoint.path)
+      sources.request_drain(self._checkpoint.location)
     self._query = sources.Query(
-        self.sc, self.job_id, self._checkpoint.path, self._run_batch,
+        self.sc, self.job_id, self._checkpoint.location, self._run_batch,
         finished=lambda: self._finished, stopping=self._cancelled.is_set,
         options=sources.source_options(self.options, len(self._batches),
-                                       self._teststream))
+                                       self._teststream), log=self.log)
     try:
       self._query.run()
     except Exception:  # pylint: disable=broad-except
@@ -416,7 +417,7 @@ class StreamingPipelineJob(SparkPipelineJob):
       self._held_at[node] = tuple(sorted(side_watermarks.items()))
     limits = self._reads.limits(node)
     wave = tasks.StreamWave(node, self._clocks(node), states,
-                            self._checkpoint.path, side_watermarks,
+                            self._checkpoint.location, side_watermarks,
                             serial=self._waves, batch=self._committed + 1,
                             committed=self._committed, limits=limits)
     return tasks.RunStage(self._ctx, stage, side, group_outputs, wave)
@@ -473,7 +474,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     else:
       records = self.sc.parallelize([], self._parallelism)
     wave = tasks.StreamWave(node, self._clocks(node), self._keyed.chains(node),
-                            self._checkpoint.path, serial=self._waves)
+                            self._checkpoint.location, serial=self._waves)
     out = records.mapPartitionsWithIndex(
         tasks.StreamGroup(self._ctx, self.plan.groups[buffer_id], wave))
     return self._keyed_output(node, out)

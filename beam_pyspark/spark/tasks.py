@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import sys
+from typing import Any
 from typing import Iterable
 from typing import Iterator
 from typing import Optional
@@ -194,7 +195,8 @@ class StreamWave:
   node: str
   clocks: streaming.Clocks
   states: Optional[dict] = None  # partition -> chain of file names
-  store_root: Optional[str] = None  # the job's checkpoint location
+  # The job's checkpoint location (a storage.Location).
+  store_root: Any = None
   # Stages with side inputs: (transform id, tag) -> the side input's
   # watermark; main input not ready by it is held back (HELD_TAG records).
   side_watermarks: Optional[dict] = None

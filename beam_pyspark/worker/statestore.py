@@ -5,22 +5,26 @@ A task loads its partition's entries from the chain the driver hands it,
 from this Python worker's cache when it holds that very chain (the cached
 entries are taken out while the task runs, so a task that fails leaves
 nothing half changed behind), else from the files; after the wave it
-writes a delta or a snapshot, through a temporary name, fsync and a rename,
-and reports the new chain. Every executor must see the location: a local
-path on local Spark, shared storage on a cluster.
+writes a delta or a snapshot under a new name (whole or not at all: the
+location's store, ``storage``, local, HDFS or an object store), and
+reports the new chain. Every executor must see the location: a local
+path on local Spark; shared storage, HDFS or an object store on a
+cluster.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import os
 import pickle
+import posixpath
 import threading
 import uuid
 from typing import Any
 from typing import Optional
+from typing import Union
 
+from beam_pyspark.storage import Location
 from beam_pyspark.streaming import statestore
 
 # Partitions' states a Python worker keeps between tasks.
@@ -33,7 +37,7 @@ _lock = threading.Lock()
 def partition_dir(node: str, partition: int) -> str:
   """A partition's directory, relative to the checkpoint location."""
   digest = hashlib.sha1(node.encode('utf-8')).hexdigest()[:20]
-  return os.path.join('state', digest, str(partition))
+  return posixpath.join('state', digest, str(partition))
 
 
 class PartitionStore:
@@ -43,9 +47,12 @@ class PartitionStore:
   cached with them (objects decoded from the entries, None when they
   were read from files); ``save(entries, decoded)`` gives the new chain.
   """
-  def __init__(self, root: str, job_id: str, node: str, partition: int,
-               chain: Optional[tuple]):
-    self.root = root
+  def __init__(self, root: Union[str, Location], job_id: str, node: str,
+               partition: int, chain: Optional[tuple]):
+    if isinstance(root, str):
+      root = Location.parse(root)
+    self.location = root
+    self.root = root.url
     self.key = (job_id, node, partition)
     self.node, self.partition = node, partition
     self.chain = tuple(chain) if chain else None
@@ -73,10 +80,10 @@ class PartitionStore:
     record = statestore.next_record(self.chain, self._loaded, entries)
     chain = self.chain
     if record is not None:
-      name = os.path.join(
+      name = posixpath.join(
           partition_dir(self.node, self.partition), uuid.uuid4().hex)
-      _write(os.path.join(self.root, name),
-             pickle.dumps(record, pickle.HIGHEST_PROTOCOL))
+      self.location.store().write(
+          name, pickle.dumps(record, pickle.HIGHEST_PROTOCOL))
       chain = statestore.extend(self.chain, record, name)
     with _lock:
       _cache[self.key] = (chain, entries, decoded)
@@ -86,12 +93,12 @@ class PartitionStore:
     return chain
 
   def _read(self, name: str) -> statestore.Record:
-    path = os.path.join(self.root, name)
+    store = self.location.store()
+    path = store.path(name)
     try:
-      with open(path, 'rb') as f:
-        return pickle.load(f)
+      return pickle.loads(store.read(name))
     except FileNotFoundError:
-      if not os.path.isdir(os.path.join(self.root, 'manifests')):
+      if not store.isdir('manifests'):
         # spark.checkpoints' layout: the driver's commits are gone too.
         raise RuntimeError(
             f'The job\'s checkpoint location {self.root} holds no committed '
@@ -113,12 +120,3 @@ def release(job_id: str) -> None:
     for key in [k for k in _cache if k[0] == job_id]:
       del _cache[key]
 
-
-def _write(path: str, data: bytes) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f'{path}.tmp'
-  with open(tmp, 'wb') as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)

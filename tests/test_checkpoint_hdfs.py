@@ -1,0 +1,114 @@
+"""Streaming checkpoints on HDFS (issue 31).
+
+Apache Hadoop's MiniDFSCluster on loopback (tests/storage_servers.py):
+the runner's Python side reaches it through WebHDFS (Beam's --hdfs_host
+and --hdfs_port), Spark's JVM through Hadoop's own client (hdfs://). The
+store's guarantees (a whole file or none, a manifest committed once: an
+HDFS rename never replaces), then a real job server SIGKILLed under a
+streaming job (an unbounded splittable read over many micro-batches into
+windowed sums, an idempotent sink) whose checkpoint, Spark's query
+checkpoint included, is on HDFS: the server's next start resumes the job
+from HDFS, and its output equals Beam's DirectRunner's. S3 and a driver
+killed mid-batch: test_checkpoint_s3.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_job_api_pb2
+
+from checkpoint_store_checks import check_checkpoint_dir
+from checkpoint_store_checks import check_store
+from checkpoint_store_checks import location
+from jobserver_process import JobServerProcess
+from storage_servers import MiniHdfs
+import streaming_recovery_job as job
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EMBEDDED = 'beam:env:embedded_python:v1'
+RESUMED = 'Resumed from its checkpoint after the job server restarted: '
+JobState = beam_job_api_pb2.JobState
+
+
+@pytest.fixture(scope='module')
+def hdfs(tmp_path_factory):
+  server = MiniHdfs(str(tmp_path_factory.mktemp('hdfs')))
+  yield server
+  server.stop()
+
+
+def test_a_store_on_hdfs_writes_whole_files_and_commits_each_name_once(hdfs):
+  check_store(hdfs)
+
+
+def test_a_checkpoint_on_hdfs_resumes_from_its_manifests(hdfs):
+  check_checkpoint_dir(hdfs)
+
+
+def _committed(store) -> list[int]:
+  return sorted(int(n) for n in store.listdir('manifests') if n.isdigit())
+
+
+def test_a_job_server_killed_resumes_its_streaming_job_from_hdfs(
+    tmp_path, hdfs):
+  reference = tmp_path / 'direct'
+  reference.mkdir()
+  with beam.Pipeline('DirectRunner') as p:
+    job.build_sums(p, str(reference))
+  expected = job.read_output(str(reference))
+  assert len(expected) > 20
+  root, out = tmp_path / 'server', tmp_path / 'out'
+  out.mkdir()
+  path = f'server-{uuid.uuid4().hex[:8]}'
+  url, store = hdfs.url(path), location(hdfs, path).store()
+  first = JobServerProcess(root, env={'PYTHONPATH': HERE})
+  try:
+    p = beam.Pipeline(options=PipelineOptions([
+        '--runner=PortableRunner', f'--job_endpoint={first.job_endpoint}',
+        f'--environment_type={EMBEDDED}', '--streaming',
+        f'--max_records_per_batch={job.SDF_BUDGET}', '--job_name=on-hdfs',
+        f'--checkpoint_location={url}', *hdfs.options]))
+    job.build_sums(p, str(out))
+    job_id = p.run()._job_id  # pylint: disable=protected-access
+    deadline = time.monotonic() + 240
+    while not [b for b in _committed(store) if b > 0]:
+      assert first.proc.poll() is None, first.log()
+      assert time.monotonic() < deadline, first.log()
+      time.sleep(0.1)
+    first.proc.kill()  # the driver dies: SIGKILL, no goodbye
+    first.proc.wait(30)
+  finally:
+    first.stop()
+  killed_at = max(_committed(store))
+  # Spark's own query checkpoint is on HDFS too.
+  assert store.listdir('query/offsets'), store.files('')
+
+  second = JobServerProcess(root, env={'PYTHONPATH': HERE})
+  try:
+    deadline = time.monotonic() + 240
+    while True:
+      state = second.job_stub.GetState(
+          beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
+      if state == JobState.DONE:
+        break
+      assert state in (JobState.STARTING, JobState.RUNNING), second.log()
+      assert time.monotonic() < deadline, second.log()
+      time.sleep(0.5)
+    texts = [
+        r.message_response.message_text
+        for r in second.job_stub.GetMessageStream(
+            beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=60)
+        if r.HasField('message_response')]
+  finally:
+    second.stop()
+  resumed = [t for t in texts if t.startswith(RESUMED)]
+  assert resumed and url in resumed[-1], texts
+  assert int(resumed[-1].split('micro-batch ')[1].split()[0]) >= killed_at
+  assert job.read_output(str(out)) == expected
+  assert not store.isdir(''), 'a DONE job keeps no checkpoint'
