@@ -141,10 +141,11 @@ class PySparkRunnerOptions(PipelineOptions):
         action='store_true',
         default=False,
         help='Run every fused stage in Beam\'s SDK harness. By default a '
-        'batch stage made only of a read, Map/FlatMap callables and a '
-        'lifted combine or GroupByKey runs as a plain loop in the Python '
-        'worker (the job\'s messages say how many stages did), with the '
-        'harness as its fallback.')
+        'batch stage of the embedded Python environment whose DoFns, '
+        'combines and windowing the loop can run (README, "The fast '
+        'path") runs as a plain loop in the Python worker (the job\'s '
+        'messages name the stages that did), with the harness as its '
+        'fallback.')
 
 
 # Beam's own option that this runner reads, next to ours.
@@ -267,7 +268,7 @@ class RunnerOptions:
   read_secs: float = DEFAULT_READ_SECS
   # PySparkRunner's progress in its program: 'auto', 'log' or 'off'.
   progress: str = 'auto'
-  # Batch stages of plain callables may skip the SDK harness (--no_fast_path).
+  # Batch stages may skip the SDK harness (--no_fast_path, worker.fastpath).
   fast_path: bool = True
   # IMAGE_GLOB=SPEC mappings for Docker environments (planning.environments).
   environment_overrides: list = dataclasses.field(default_factory=list)

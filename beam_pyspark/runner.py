@@ -283,7 +283,9 @@ class PySparkPipelineResult(runner.PipelineResult):
                        runner.PipelineState.UNKNOWN)
 
   def wait_until_finish(self, duration: Optional[int] = None):
-    timeout = None if duration is None else duration / 1000.0
+    # Milliseconds; None or 0 waits until the job ends, as Beam's
+    # PortableRunner reads it (Beam's load tests wait with 0).
+    timeout = duration / 1000.0 if duration else None
     self._registry.wait(self._job_id, timeout)
     state = self.state
     if self._reporter is not None and state in _ENDED:

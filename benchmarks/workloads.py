@@ -22,6 +22,7 @@ import hashlib
 import operator
 import os
 from typing import Callable
+from typing import Optional
 
 import apache_beam as beam
 from apache_beam.io import ReadFromText
@@ -29,6 +30,7 @@ from apache_beam.io import WriteToText
 
 from benchmarks.records import JoinFact
 from benchmarks.records import format_count
+from benchmarks.records import extract_words
 from benchmarks.records import format_sum
 from benchmarks.records import join_fact
 from benchmarks.records import pair_one
@@ -51,6 +53,9 @@ class Workload:
   beam: Callable
   # (SparkContext, input paths by role, output directory) -> None: runs it.
   pyspark: Callable
+  # (pipeline flags, input paths by role, output prefix) -> None: runs a
+  # pipeline program of its own instead of building on ``beam``'s graph.
+  program: Optional[Callable] = None
 
 
 def _beam_wordcount(p, paths, output):
@@ -122,12 +127,34 @@ def _spark_combine(sc, paths, output):
       .reduceByKey(operator.add).map(format_sum).saveAsTextFile(output))
 
 
+def _beam_wordcount_example(flags, paths, output):
+  """Beam's own WordCount example, unchanged: its ``run``, as ``python -m
+  apache_beam.examples.wordcount`` calls it (but for its main session,
+  which is this program's, not the example's: its DoFn is pickled by
+  reference to the example's module)."""
+  from apache_beam.examples import wordcount  # pylint: disable=import-outside-toplevel
+  wordcount.run(['--input', paths['text'], '--output', output] + flags,
+                save_main_session=False)
+
+
+def _spark_wordcount_example(sc, paths, output):
+  """The example's work by hand: its regular expression as it calls it."""
+  (
+      sc.textFile(paths['text']).flatMap(extract_words).map(pair_one)
+      .reduceByKey(operator.add).map(format_count).saveAsTextFile(output))
+
+
 WORKLOADS = {
     w.name: w
     for w in [
         Workload(
             'wordcount', 'WordCount over Zipf-like text (CombinePerKey(sum))',
             {'text': 'text'}, _beam_wordcount, _spark_wordcount),
+        Workload(
+            'wordcount_example',
+            'Beam\'s apache_beam.examples.wordcount, unchanged (a DoFn of '
+            'its own)', {'text': 'text'}, None, _spark_wordcount_example,
+            program=_beam_wordcount_example),
         Workload(
             'groupbykey',
             'GroupByKey, 500 keys with many int values each, summarized',
@@ -146,6 +173,9 @@ WORKLOADS = {
 
 
 def run_beam(workload: Workload, flags: list[str], paths, output: str) -> None:
+  if workload.program is not None:
+    workload.program(flags, paths, output)
+    return
   from apache_beam.options.pipeline_options import PipelineOptions
   options = PipelineOptions(flags)
   p = beam.Pipeline(options=options)
@@ -166,7 +196,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @contextlib.contextmanager
 def handwritten_pool(sc):
-  """Python workers for hand-written jobs, able to import ``benchmarks``."""
+  """Python workers for hand-written jobs, able to import ``benchmarks``.
+  The runner's release of a job's harnesses (a Spark job of its own, from
+  a thread) reads the environment as it starts: it is waited for first."""
+  from beam_pyspark.spark import release  # pylint: disable=import-outside-toplevel
+  release.wait_for_releases(30.0)
   env = sc.environment
   saved = {k: env.get(k) for k in (POOL_VARIABLE, 'PYTHONPATH')}
   env[POOL_VARIABLE] = 'hand-written'

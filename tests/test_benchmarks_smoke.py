@@ -60,3 +60,34 @@ def test_corpus_is_deterministic(tmp_path):
   assert da == db
   assert da != dc
   assert len(da) >= 0.02 * corpus.MB
+
+
+def test_synthetic_records_are_beams():
+  # The hand-written load tests read what Beam's SyntheticSource reads.
+  from apache_beam.io.range_trackers import OffsetRangeTracker
+  from apache_beam.testing.synthetic_pipeline import SyntheticSource
+  from benchmarks import synthetic
+  from benchmarks.loadtests import LoadTest
+  spec = {'num_records': 300, 'key_size': 4, 'value_size': 20,
+          'num_hot_keys': 7, 'hot_key_fraction': 0.5}
+  beams = SyntheticSource(LoadTest.source_spec(spec))
+  records = list(beams.read(OffsetRangeTracker(100, 250)))
+  assert records == list(synthetic.records(spec, 100, 250))
+  assert len({k for k, _ in records}) < 150  # hot keys repeat
+
+
+def test_a_load_test_on_our_runner_and_by_hand(sc):
+  # Beam's ParDoTest with 10 counter operations per element: its counter
+  # is kept per step on the fast path; the hand-written job runs too.
+  from apache_beam.metrics import MetricsFilter
+  from benchmarks import loadtests
+  from benchmarks import synthetic
+  test = loadtests.TESTS['pardo_10_counters']
+  options = loadtests._scaled(test.options, 0.004)
+  records = options['input_options']['num_records']
+  assert records == 2000  # the TESTS' sizes times 0.004
+  ran = loadtests.run_load_test(test, options, OURS)
+  (counter, ) = ran.result.metrics().query(
+      MetricsFilter().with_name('name-0'))['counters']
+  assert counter.committed == records * 10
+  synthetic.JOBS[test.job](sc, options)

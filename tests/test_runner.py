@@ -55,6 +55,8 @@ def test_state_and_metrics_after_success():
   p = beam.Pipeline(options=PipelineOptions(OURS))
   _ = p | beam.Create(list(range(1, 101))) | beam.ParDo(_Counting())
   result = p.run()
+  # 0 is no limit, as Beam's PortableRunner reads it (its load tests).
+  assert result.wait_until_finish(duration=0) == PipelineState.DONE
   assert result.wait_until_finish() == PipelineState.DONE
   assert result.state == PipelineState.DONE
   counters = result.metrics().query(

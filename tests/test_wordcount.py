@@ -26,13 +26,15 @@ def _generate(path, target_bytes, seed=7):
       written += len(line) + 1
 
 
-def _wordcount(runner_args, input_path, output_prefix):
+def _wordcount(runner_args, input_path, output_prefix, log=None):
   cmd = [
       sys.executable, '-m', 'apache_beam.examples.wordcount',
       '--input', input_path, '--output', output_prefix
   ] + runner_args
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
+  if log is not None:
+    log.append(proc.stderr)
   lines = []
   for shard in sorted(glob.glob(output_prefix + '*')):
     with open(shard, encoding='utf-8') as f:
@@ -52,10 +54,15 @@ def big_input(tmp_path_factory):
 
 
 def test_wordcount_multi_megabyte_matches_direct_runner(big_input, tmp_path):
-  ours = _wordcount(OURS, big_input, str(tmp_path / 'ours' / 'counts'))
+  log = []
+  ours = _wordcount(OURS, big_input, str(tmp_path / 'ours' / 'counts'), log)
   direct = _wordcount(DIRECT, big_input, str(tmp_path / 'direct' / 'counts'))
   assert len(ours) > 5000
   assert ours == direct
+  # Its Split (a DoFn of its own), PairWithOne and the combine's
+  # precombine run as one loop.
+  assert 'fused stages on the fast path' in log[0]
+  assert 'Split+PairWithOne+GroupAndSum' in log[0], log[0][-3000:]
 
 
 def test_wordcount_non_ascii_matches_direct_runner(tmp_path):

@@ -68,7 +68,14 @@ def release_harnesses(sc, job_id: str, succeeded: bool, wait: bool) -> None:
 
 
 def _wait_for_releases() -> None:
-  deadline = time.monotonic() + RELEASE_AT_EXIT_SECS
+  wait_for_releases(RELEASE_AT_EXIT_SECS)
+
+
+def wait_for_releases(timeout: float) -> None:
+  """Waits (at most ``timeout`` seconds) for the releases under way: a
+  program about to change the SparkContext's environment (a Python worker
+  pool's key) waits, as a release reads it when it starts its Spark job."""
+  deadline = time.monotonic() + timeout
   with _lock:
     threads = list(_running)
   for thread in threads:

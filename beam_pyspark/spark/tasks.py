@@ -306,11 +306,12 @@ class RunStage:
                                         wave.side_watermarks)
       records = streaming.hold_back(runtime, stage, ready, records, held)
     if self.fast is not None and first_attempt():
-      group = self.group_outputs.get(self.fast.output_id)
+      groups = {output_id: (partitions, compact) for output_id, (
+          _, partitions, compact) in self.group_outputs.items()}
       outputs = FastStage(
-          runtime, stage, self.fast, group and (group[1], group[2]),
-          self.side.value if self.side is not None else ()).run(
-              records, stage_runner, report)
+          runtime, stage, self.fast, groups,
+          self.side.value if self.side is not None else (),
+          bundle_bytes=ctx.bundle_bytes).run(records, stage_runner, report)
     else:
       outputs = stage_runner(stage, report).run(records)
     with capture_logs(ctx.log_level, ctx.log_overrides) as captured:

@@ -1,62 +1,115 @@
-"""A fast-path chain's functions, unpickled and checked, and its loop.
+"""A fast-path stage's DoFns and combines, unpickled, checked and set up.
 
 ``load`` unpickles each step as Beam's ``bundle_processor`` does
 (``create_par_do``: the DoFnInfo tuple; ``create_combine_per_key_precombine``:
-``CombineFn.from_runner_api``) and keeps only what Beam itself would run
-with its ``SimpleInvoker``: a ``CallableWrapperDoFn`` (the exact type, so
-not a DoFn of the user's own nor the runtime type check's wrapper), no
-extra arguments, no defaults in its process method, no runtime output
-constraints. A combine must be one of Beam's own CombineFns, whose
-``add_input`` neither updates metrics nor fails halfway for a well-typed
-input.
+``CombineFn.from_runner_api``; ``create_assign_windows``: the Windowing)
+and keeps what the loop can call as Beam's invokers would:
 
-``compile_loop`` writes the loop for one chain as Python source, once per
-stage and Python worker: the per-element work is then the user's calls,
-a type check of each output, and the combine's ``add_input`` (inlined for
-Beam's callable, count and mean combiners, exactly as they are written),
-with no function call per step that the chain does not need.
+* a DoFn (a ``CallableWrapperDoFn`` of ``Map``, ``FlatMap``, ``Filter``,
+  ``MapTuple``..., or a DoFn of the user's own) whose ``process`` takes
+  the element, its extra arguments and side inputs, and at most the
+  element's timestamp, window, pane, key or windowed value
+  (``DoFn.TimestampParam``...), never state, timers, restrictions, bundle
+  finalization, batches or context parameters; its arguments are laid out
+  as Beam's ``PerWindowInvoker`` lays them out (``_get_arg_placeholders``);
+* a CombineFn of Beam's own, whose ``add_input`` neither updates metrics
+  nor fails halfway for a well-typed input;
+* a WindowInto.
+
+``Instances`` holds one set of them and runs their lifecycle as Beam's
+harness does: ``setup`` once (as a bundle processor is created),
+``start_bundle`` and ``finish_bundle`` per bundle (upstream last and first,
+as a bundle processor's operations start and finish), ``teardown`` when
+the Python worker lets them go (the job's end, ``worker.harnesses``), or
+after a failure, when Beam discards the bundle processor.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 from typing import Callable
 from typing import Optional
 
 from apache_beam.internal import pickler
-from apache_beam.io import iobase
 from apache_beam.internal.util import ArgumentPlaceholder
 from apache_beam.internal.util import insert_values_in_args
+from apache_beam.io import iobase
+from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners.common import DoFnSignature
-from apache_beam.transforms import sideinputs
+from apache_beam.runners.common import _get_arg_placeholders
 from apache_beam.transforms import combiners
 from apache_beam.transforms import core
+from apache_beam.transforms import sideinputs
 from apache_beam.transforms.window import TimestampedValue
-from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_pyspark.planning.fastpath import ASSIGN_WINDOWS
+from beam_pyspark.planning.fastpath import FLATTEN as FLATTEN_STEP
 from beam_pyspark.planning.fastpath import GLOBAL_WINDOW
+from beam_pyspark.planning.fastpath import MAIN_TAG
 from beam_pyspark.planning.fastpath import PARDO
 from beam_pyspark.planning.fastpath import FastPath
+from beam_pyspark.planning.fastpath import Step
 
-# Outputs whose meaning the loop cannot keep: Beam re-windows, re-stamps or
-# re-routes them (common._OutputHandler).
+_LOGGER = logging.getLogger(__name__)
+
+# Outputs whose meaning the loop keeps only on its slow path: Beam
+# re-windows, re-stamps or re-routes them (common._OutputHandler).
 SPECIAL_OUTPUTS = (WindowedValue, TimestampedValue, TaggedOutput)
 
 # (PGBKCVOperation) keys held before the oldest tenth is emitted.
 MAX_KEYS = 100 * 1000
 MAX_KEYS_TINY = 1000 * 1000
 
+# How a ParDo is called: Map's function, one output; FlatMap's or a DoFn's
+# process, an iterable of outputs; Filter's predicate, the element or
+# nothing; WindowInto's, the element in its new windows; and no call.
+MAP, FLAT, FILTER, ASSIGN, IDENTITY, COMBINE, FLATTEN = (
+    'map', 'flat', 'filter', 'assign', 'identity', 'combine', 'flatten')
+
+# DoFn parameters the loop hands over (names in chain.Call.params).
+_PARAMS = {
+    'ElementParam': 'element', 'TimestampParam': 'timestamp',
+    'WindowParam': 'window', 'PaneInfoParam': 'pane',
+    'WindowedValueParam': 'windowed_value',
+}
+
 
 class NotEligible(Exception):
   """A step's unpickled function is not one the fast path runs."""
 
 
+class NotEligibleStep(NotEligible):
+  """Step ``index`` of the tree is not one the fast path runs."""
+  def __init__(self, index: int, reason: str):
+    super().__init__(reason)
+    self.index = index
+
+
 class SpecialOutput(Exception):
-  """A callable returned a value only the harness handles."""
+  """An output only the harness handles."""
+
+
+# Fallback kinds: CLEAN, nothing of the element reached a sink; UNCLEAN,
+# some of it did, or output of a bundle's end; SOURCE, the source itself
+# did what the loop cannot keep (updated a metric, read special values).
+CLEAN, UNCLEAN, SOURCE = 'clean', 'unclean', 'source'
+MISSING = object()
+
+
+class Fallback(Exception):
+  """The loop stopped at ``value`` (of ``meta``'s element): the harness
+  takes over from there."""
+  def __init__(self, kind: str, meta, value, cause):
+    super().__init__(kind)
+    self.kind = kind
+    self.meta = meta
+    self.value = value
+    self.cause = cause
 
 
 def _code_key(code) -> tuple:
@@ -64,122 +117,200 @@ def _code_key(code) -> tuple:
           code.co_freevars, code.co_filename, code.co_firstlineno)
 
 
-# ``beam.Map``'s wrappers, ``lambda x: [fn(x)]`` and, with arguments,
-# ``lambda x, *args, **kwargs: [fn(x, *args, **kwargs)]``, as their code
-# reads: a pickled lambda comes back with a code object of its own.
-_MAP_CODES = frozenset(
-    _code_key(m.fn._fn.__code__)  # pylint: disable=protected-access
-    for m in (core.Map(len), core.Map(lambda x, y: x, None)))
+def _wrapper_codes(*transforms) -> frozenset:
+  return frozenset(_code_key(t.fn._fn.__code__) for t in transforms)  # pylint: disable=protected-access
+
+
+# Beam's wrappers as their code reads (a pickled lambda comes back with a
+# code object of its own): Map's ``lambda x: [fn(x)]`` (and with
+# arguments), MapTuple's ``lambda x: [fn(*x)]``, Filter's
+# ``lambda x, *args, **kwargs: [x] if fn(x, *args, **kwargs) else []``.
+_MAP_CODES = _wrapper_codes(core.Map(len), core.Map(lambda x, y: x, None))
+_MAP_TUPLE_CODES = _wrapper_codes(core.MapTuple(len))
+_FILTER_CODES = _wrapper_codes(core.Filter(bool))
 
 
 @dataclasses.dataclass
 class Call:
-  """How the loop calls one ParDo's function: ``fn(element, *args,
-  **kwargs)``, the side inputs' values put in the placeholders of
-  ``args`` and ``kwargs`` (``with_side_inputs``)."""
-  fn: Optional[Callable]
-  single: bool  # Map's wrapper unwrapped: one output, not an iterable
-  args: tuple = ()
-  kwargs: Optional[dict] = None
-  side_inputs: tuple = ()  # planning.fastpath.SideInput, in Beam's order
-  # WindowInto(GlobalWindows()) over the global window: no call at all.
-  identity: bool = False
-  # Beam's own file writer (iobase._WriteBundleDoFn): the loop's sink.
-  writer: Optional[core.DoFn] = None
+  """How the loop runs one step.
 
-  def with_side_inputs(self, values: list) -> tuple[tuple, dict]:
-    if not self.side_inputs:
-      return tuple(self.args), dict(self.kwargs or {})
-    args, kwargs = insert_values_in_args(self.args, self.kwargs or {}, values)
-    return tuple(args), kwargs
-
-
-@dataclasses.dataclass
-class Chain:
-  calls: list[Call]
+  ``args`` and ``kwargs`` are what Beam's invoker passes to ``fn`` after
+  the element, as ``_get_arg_placeholders`` lays them out: side inputs as
+  ``ArgumentPlaceholder``s until ``bind`` puts their values in, DoFn
+  parameters as ``(position, name)`` in ``params`` (position 0 is the
+  element's unless ``star``)."""
+  step: Step
+  kind: str
+  fn: Optional[Callable] = None
+  args: list = dataclasses.field(default_factory=list)
+  kwargs: dict = dataclasses.field(default_factory=dict)
+  params: list = dataclasses.field(default_factory=list)
+  star: bool = False  # MapTuple: fn(*element)
+  dofn: Optional[core.DoFn] = None
+  # Beam's check that a DoFn of the user's own returns no str, bytes or
+  # dict from process (common._OutputHandler), done on its first output.
+  check_output: bool = False
+  # The input's WindowFn: a TimestampedValue output's windows are its.
+  window_fn: object = None
+  # A WindowParam needs the element in one window (else Beam calls process
+  # once per window).
+  windowed: bool = False
+  # Output tags, the main one first (None: its only output).
+  tags: tuple = ()
   combine: Optional[core.CombineFn] = None
-  # How add_input is written into the loop: 'callable', 'count', 'mean'
-  # or 'generic' (a call).
   combine_kind: str = ''
   max_keys: int = MAX_KEYS
+  windowing: object = None  # ASSIGN: the new windowing; COMBINE: the input's
+  side_inputs: tuple = ()  # planning.fastpath.SideInput, in Beam's order
 
-  def setup(self) -> None:
-    if self.combine is not None:
-      self.combine.setup()
-
-  def teardown(self) -> None:
-    if self.combine is not None:
-      self.combine.teardown()
-
-
-class NotEligibleStep(NotEligible):
-  """Step ``index`` of the chain is not one the fast path runs."""
-  def __init__(self, index: int, reason: str):
-    super().__init__(reason)
-    self.index = index
+  def bind(self, values: list) -> tuple[list, dict]:
+    """The arguments after the element, side inputs' values put in."""
+    if not self.side_inputs:
+      return list(self.args), dict(self.kwargs)
+    args, kwargs = insert_values_in_args(self.args, self.kwargs, values)
+    return list(args), dict(kwargs)
 
 
-def load(spec: FastPath, context) -> Chain:
-  """The chain's functions; raises NotEligibleStep saying which step is
-  not a plain callable or one of Beam's combines."""
-  chain = Chain(calls=[])
+def load(spec: FastPath, runtime) -> list[Call]:
+  """The tree's calls, or NotEligibleStep saying which step the loop
+  cannot run."""
+  calls = []
   for index, step in enumerate(spec.steps):
     try:
-      if step.kind == GLOBAL_WINDOW:
-        chain.calls.append(Call(fn=None, single=True, identity=True))
-      elif step.kind == PARDO:
-        chain.calls.append(_callable(step, pickler.loads(step.payload)))
-        writers = [c for c in chain.calls if c.writer is not None]
-        if writers and not (
-            chain.calls[-1].writer is not None or chain.calls[-1].single and
-            not chain.calls[-1].side_inputs):
-          raise NotEligible(f'{step.name!r} comes after a file writer')
-      else:
-        payload = beam_runner_api_pb2.CombinePayload.FromString(step.payload)
-        fn = core.CombineFn.from_runner_api(payload.combine_fn, context)
-        chain.combine, chain.combine_kind, chain.max_keys = _combine(
-            step.name, fn)
+      calls.append(_load(step, runtime))
     except NotEligible as exn:
       raise NotEligibleStep(index, str(exn)) from None
-  return chain
+  return calls
 
 
-def _callable(step, dofn_data) -> Call:
-  name = step.name
+def _load(step: Step, runtime) -> Call:
+  context = runtime.context
+  if step.kind == GLOBAL_WINDOW:
+    return Call(step, IDENTITY)
+  if step.kind == FLATTEN_STEP:
+    return Call(step, FLATTEN)
+  if step.kind == ASSIGN_WINDOWS:
+    windowing = core.Windowing.from_runner_api(
+        beam_runner_api_pb2.WindowingStrategy.FromString(step.payload),
+        context)
+    return Call(step, ASSIGN, windowing=windowing)
+  if step.kind != PARDO:
+    payload = beam_runner_api_pb2.CombinePayload.FromString(step.payload)
+    fn = core.CombineFn.from_runner_api(payload.combine_fn, context)
+    combine, kind, max_keys = _combine(step.name, fn)
+    return Call(step, COMBINE, combine=combine, combine_kind=kind,
+                max_keys=max_keys,
+                windowing=runtime.windowing(step.input_windowing))
+  if step.dofn_urn == python_urns.KEY_WITH_NONE_DOFN:
+    # CombineGlobally's KeyWithVoid, a DoFn of Beam's known by its URN.
+    return Call(step, MAP, fn=_key_with_none, tags=(step.outputs[0][0], ),
+                window_fn=runtime.windowing(step.input_windowing).windowfn)
+  dofn_data = pickler.loads(step.payload)
   dofn, args, kwargs = dofn_data[:3]
-  if type(dofn) is iobase._WriteBundleDoFn and len(step.side_inputs) == 1 and (  # pylint: disable=protected-access,unidiomatic-typecheck
-      len(args) == 1 and isinstance(args[0], ArgumentPlaceholder) and
-      not kwargs):
-    # WriteToText's (and every file sink's) writer, Beam's own DoFn: the
-    # loop opens it at the first element and closes it at the end, as its
-    # start_bundle, process and finish_bundle do in a bundle.
-    return Call(fn=None, single=True, args=tuple(args),
-                side_inputs=tuple(step.side_inputs), writer=dofn)
-  if type(dofn) is not core.CallableWrapperDoFn:  # pylint: disable=unidiomatic-typecheck
-    raise NotEligible(f'{name!r} runs {type(dofn).__name__}, not a plain '
-                      'callable')
+  windowing = dofn_data[4] if len(dofn_data) > 4 and dofn_data[4] else (
+      runtime.windowing(step.input_windowing))
+  return _pardo(step, dofn, list(args or ()), dict(kwargs or {}),
+                windowing.windowfn)
+
+
+def _pardo(step: Step, dofn, args: list, kwargs: dict, window_fn) -> Call:
+  name = repr(step.name)
+  if not isinstance(dofn, core.DoFn):
+    raise NotEligible(f'{name} runs {type(dofn).__name__}, not a DoFn')
+  if dofn._process_batch_defined or dofn._process_yields_batches:  # pylint: disable=protected-access
+    raise NotEligible(f'{name} processes batches')
+  signature = DoFnSignature(dofn)
+  if signature.is_splittable_dofn() or signature.is_stateful_dofn():
+    raise NotEligible(f'{name} is splittable or stateful')
+  for method in (signature.setup_lifecycle_method,
+                 signature.start_bundle_method, signature.finish_bundle_method,
+                 signature.teardown_lifecycle_method):
+    if method is not None and method.defaults:
+      raise NotEligible(f'{name} takes parameters in {method.method_value}')
+  if getattr(dofn, '_runtime_output_constraints', None):
+    raise NotEligible(f'{name} checks its output types at run time')
   placeholders = sum(
       isinstance(a, ArgumentPlaceholder)
-      for a in list(args) + list((kwargs or {}).values()))
+      for a in list(args) + list(kwargs.values()))
   if placeholders != len(step.side_inputs):
-    raise NotEligible(f'{name!r} passes its side inputs in another way')
-  if getattr(dofn, '_runtime_output_constraints', None):
-    raise NotEligible(f'{name!r} checks its output types at run time')
-  signature = DoFnSignature(dofn)
-  if signature.process_method.defaults:
-    # Beam then uses its per-window invoker: the defaults may be DoFn params.
-    raise NotEligible(f'{name!r} has default arguments')
+    raise NotEligible(f'{name} passes its side inputs in another way')
+  side_inputs = tuple(
+      sorted(step.side_inputs,
+             key=lambda si: sideinputs.get_sideinput_index(si.tag)))
+  tags = tuple(tag for tag, _ in step.outputs)
+  if len(tags) > 1:
+    tags = (MAIN_TAG, ) + tuple(t for t in tags if t != MAIN_TAG)
+  call = Call(step, FLAT, dofn=dofn, window_fn=window_fn, tags=tags,
+              side_inputs=side_inputs)
+  if type(dofn) is iobase._WriteBundleDoFn:  # pylint: disable=protected-access,unidiomatic-typecheck
+    # Beam's own file writer (WriteToText's): its process as a plain
+    # call, which returns a written file's result once it is full.
+    call.fn = _writer_process(dofn)
+    call.args, call.kwargs = args, kwargs
+    return call
+  wrapped = _unwrapped(dofn, args, kwargs)
+  if wrapped is not None:
+    call.kind, call.fn, call.star = wrapped
+    call.args, call.kwargs = args, kwargs
+    return call
+  placeholders, laid_out, kwargs = _get_arg_placeholders(
+      signature.process_method, args, kwargs)
+  params = []
+  for position, param in placeholders:
+    names = [n for n, p in _PARAMS.items() if getattr(core.DoFn, n) == param]
+    if not names:
+      raise NotEligible(f'{name} takes {param} in process')
+    params.append((position, _PARAMS[names[0]]))
+  if not params or params[0] != (0, 'element'):
+    raise NotEligible(f'{name} does not take the element first')
+  call.fn = signature.process_method.method_value
+  call.args, call.kwargs = laid_out[1:], dict(kwargs)
+  call.params = [(p - 1, n) for p, n in params[1:]]
+  call.windowed = any(n == 'window' for _, n in call.params)
+  call.check_output = type(dofn) is not core.CallableWrapperDoFn  # pylint: disable=unidiomatic-typecheck
+  return call
+
+
+def _unwrapped(dofn, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
+  """Map's, MapTuple's and Filter's wrappers as (kind, the user's
+  function, star), or None."""
+  if type(dofn) is not core.CallableWrapperDoFn:  # pylint: disable=unidiomatic-typecheck
+    return None
   fn = dofn._fn  # pylint: disable=protected-access
   code = getattr(fn, '__code__', None)
-  single = (code is not None and fn.__closure__ and
-            _code_key(code) in _MAP_CODES)
-  return Call(
-      fn=fn.__closure__[0].cell_contents if single else
-      signature.process_method.method_value,
-      single=bool(single), args=tuple(args or ()), kwargs=dict(kwargs or {}),
-      side_inputs=tuple(
-          sorted(step.side_inputs,
-                 key=lambda si: sideinputs.get_sideinput_index(si.tag))))
+  if code is None or not fn.__closure__:
+    return None
+  if DoFnSignature(dofn).process_method.defaults:
+    return None  # DoFn parameters: laid out by _get_arg_placeholders
+  inner = fn.__closure__[0].cell_contents
+  key = _code_key(code)
+  if key in _MAP_CODES:
+    return MAP, inner, False
+  if key in _MAP_TUPLE_CODES and not args and not kwargs:
+    return MAP, inner, True
+  if key in _FILTER_CODES:
+    return FILTER, inner, False
+  return FLAT, fn, False
+
+
+def _key_with_none(v):
+  return None, v
+
+
+def _writer_process(dofn):
+  """``_WriteBundleDoFn.process`` without its generator."""
+  def process(element, init_result):
+    if dofn.writer is None:
+      import uuid  # pylint: disable=import-outside-toplevel
+      dofn.writer = dofn.sink.open_writer(init_result, str(uuid.uuid4()))
+    dofn.writer.write(element)
+    if dofn.writer.at_capacity():
+      result = dofn.writer.close()
+      dofn.writer = None
+      return (result, )
+    return None
+
+  return process
 
 
 def _combine(name: str, fn: core.CombineFn) -> tuple[core.CombineFn, str, int]:
@@ -210,274 +341,84 @@ def is_special(x) -> bool:
   return isinstance(x, SPECIAL_OUTPUTS)
 
 
-# -- the loop ---------------------------------------------------------------
-
-# Fallback kinds: CLEAN, the element's outputs were dropped and nothing of
-# it reached the sink; UNCLEAN, the sink took part of them; SOURCE, the
-# source updated a metric while reading.
-CLEAN, UNCLEAN, SOURCE = 'clean', 'unclean', 'source'
+def _overrides(dofn, method: str) -> bool:
+  return getattr(type(dofn), method, None) is not getattr(core.DoFn, method)
 
 
-class Fallback(Exception):
-  """The loop stopped at ``value`` (of ``meta``'s element): the harness
-  takes over from there."""
-  def __init__(self, kind: str, meta, value, cause):
-    super().__init__(kind)
-    self.kind = kind
-    self.meta = meta
-    self.value = value
-    self.cause = cause
+class Instances:
+  """One set of a stage's DoFns and CombineFns, set up, with the lifecycle
+  Beam's harness gives them (see the module's docstring). Cached per job
+  and stage in the Python worker (``worker.harnesses.keep``)."""
+  def __init__(self, calls: list[Call]):
+    self.calls = calls
+    self.last_used = 0.0
+    self.uncached = False
+    self._in_use = False
+    self._set_up = False
+    self._torn_down = False
+    # DoFns whose bundle methods are their own (not DoFn's no-ops).
+    self.starts = [c for c in reversed(calls)
+                   if c.dofn is not None and _overrides(c.dofn, 'start_bundle')]
+    self.finishes = [c for c in calls if c.dofn is not None and (
+        _overrides(c.dofn, 'finish_bundle'))]
+    self.bundle_methods = bool(self.starts or self.finishes)
+    # Beam's check of a DoFn's first output, per instance (chain.Call).
+    self.checks = [c.check_output for c in calls]
+    # Whether the loop sets the metrics tracker's step before each call:
+    # once a metric was updated (worker.fastpath.metrics).
+    self.metered = False
 
+  # -- the harness cache's interface --------------------------------------
 
-# Sinks: where each element's outputs are committed.
-TABLE, RECORDS, ENCODED, WRITE = 'table', 'records', 'encoded', 'write'
+  def in_use(self) -> bool:
+    return self._in_use
 
-# Per sink: (code before the outputs, code per output ``x``, code after),
-# at no indentation; TABLE and RECORDS code reads the output's key and
-# value from ``k`` and ``val``.
-_COMMIT = {
-    # The precombine's table, as PGBKCVOperation keeps it (insertion order
-    # is eviction order); accumulators are stored bare.
-    ('table', 'generic'): ('', """
-acc = table.get(k, MISSING)
-if acc is MISSING:
-  if len(table) >= max_keys:
-    evict()
-  acc = create_accumulator()
-table[k] = add_input(acc, val)""", ''),
-    # CallableWrapperCombineFn.add_input, inlined.
-    ('table', 'callable'): ('', """
-acc = table.get(k)
-if acc is None:
-  if len(table) >= max_keys:
-    evict()
-  acc = table[k] = []
-acc.append(val)
-if len(acc) > buffer_size:
-  table[k] = [combine_fn(acc)]""", ''),
-    # CountCombineFn.add_input, inlined.
-    ('table', 'count'): ('', """
-acc = table.get(k)
-if acc is None:
-  if len(table) >= max_keys:
-    evict()
-  acc = 0
-table[k] = acc + 1""", ''),
-    # MeanCombineFn.add_input, inlined.
-    ('table', 'mean'): ('', """
-acc = table.get(k)
-if acc is None:
-  if len(table) >= max_keys:
-    evict()
-  acc = (0, 0)
-table[k] = (acc[0] + val, acc[1] + 1)""", ''),
-    # Shuffle records of (key, value) bytes, packed per reduce partition
-    # (worker.shuffle.PartitionPacker, inlined).
-    ('records', ''): ('', """
-kb = encode_key(k)
-p = crc32(kb) % partitions
-out = streams[p]
-if out is None:
-  out = streams[p] = OutputStream()
-vb = encode_value(val)
-out.write_var_int64(len(kb))
-out.write(kb)
-out.write_var_int64(len(vb))
-out.write(vb)
-if out.size() >= limit:
-  ready.append((p, out.get()))
-  streams[p] = None""", ''),
-    # A file sink's writer (sinks.Writer): the output's element written.
-    ('write', ''): ('', """
-write(x, meta)""", ''),
-    # Encoded windowed elements, in the input element's window.
-    ('encoded', ''): ("""
-out = streams[0]
-with_value = meta.with_value""", """
-encode(with_value(x), out, True)""", """
-if out.size() >= limit:
-  ready.append(out.get())
-  streams[0] = OutputStream()"""),
-}
+  def dead(self) -> Optional[str]:
+    return 'torn down' if self._torn_down else None
 
-# How a TABLE or RECORDS sink reads an output's key and value: as Beam's
-# precombine and GroupByKey do, ``key, value = element``. A precombine
-# with the default windowing keys a TimestampedValue or WindowedValue by
-# its value alone (PGBKCVOperation.process), so it need not be checked
-# for those first; a shuffle's records must (its windows would count).
-_UNPACK = {
-    'table': """
-try:
-  k, val = x
-except Exception:
-  k, val = unwrap(x)""",
-    'records': """
-k, val = x""",
-    'encoded': '',
-    'write': '',
-}
+  def shutdown(self) -> None:
+    self.teardown()
 
+  # -- the lifecycle -----------------------------------------------------
 
-def unwrap(x) -> tuple:
-  """A precombine's input that did not unpack: a TimestampedValue or
-  WindowedValue stands for its value; a TaggedOutput goes elsewhere."""
-  if isinstance(x, TaggedOutput):
-    raise SpecialOutput('an output is a TaggedOutput')
-  if isinstance(x, (TimestampedValue, WindowedValue)):
-    x = x.value
-  k, v = x
-  return k, v
+  def claim(self) -> None:
+    self._in_use = True
 
+  def release(self) -> None:
+    self._in_use = False
 
-def _block(code: str, indent: str) -> list[str]:
-  return [indent + line for line in code.strip('\n').split('\n') if line]
+  def setup(self, step_scope: Callable) -> None:
+    """Each DoFn's ``setup`` and each combine's, once (an exception leaves
+    them to be torn down, as Beam's failed bundle processor is)."""
+    if self._set_up:
+      return
+    self._set_up = True
+    for call in self.calls:
+      with step_scope(call):
+        if call.dofn is not None:
+          call.dofn.setup()
+        if call.combine is not None:
+          call.combine.setup()
 
-
-def _commit(sink: str, combine_kind: str, indent: str, outs: bool) -> list[str]:
-  """The sink's commit of the element's outputs (``outs``, else the one
-  output ``x``, already unpacked), failing UNCLEAN."""
-  before, each, after = _COMMIT[(sink, combine_kind)]
-  body = _block(before, indent + '  ')
-  if outs:
-    body += [f'{indent}  for x in outs:']
-    body += _block(_UNPACK[sink], indent + '    ')
-    body += _block(each, indent + '    ')
-  else:
-    body += _block(each, indent + '  ')
-  body += _block(after, indent + '  ')
-  return ([f'{indent}try:'] + body + [
-      f'{indent}except Exception as exn:',
-      f'{indent}  raise Fallback(UNCLEAN, meta, v, exn)',
-      f'{indent}if ready:',
-      f'{indent}  yield from ready',
-      f'{indent}  ready.clear()',
-  ])
-
-
-# An element's outputs held back before they are committed anyway (a
-# FlatMap that fans one element out widely streams, as in the harness).
-SPILL_OUTPUTS = 1024
-
-
-def compile_loop(singles: list[bool], sink: str, combine_kind: str,
-                 windowed: bool, read: bool, names: dict,
-                 extra: Optional[list[str]] = None,
-                 identity: Optional[list[bool]] = None) -> Callable:
-  """A generator function ``run(units, meta)`` for a chain of ParDos.
-
-  ``units`` are the values fed to the first ParDo (with ``windowed``, the
-  WindowedValues carrying them, each its own ``meta``); ``meta`` is the
-  WindowedValue whose window, timestamp and pane the outputs take.
-  Committed element counts are added to ``counts`` (the units', then one
-  per ParDo's output); chunks ready to leave are yielded. ``names`` gives
-  the loop its functions and state (the sink's table or streams); they
-  become the function's locals. ``extra[i]``: what follows the element in
-  the call of ParDo i (e.g. ``*a0``), if anything; ``identity[i]``: step i
-  is WindowInto(GlobalWindows()), the element as it is if its pane is the
-  default one (checked per element of a windowed input).
-
-  An element's outputs are committed once it is done, so that a fallback
-  at it leaves nothing of it behind (CLEAN), unless it has more than
-  SPILL_OUTPUTS of them (then UNCLEAN). A chain of Maps has one output an
-  element, committed with no list.
-  """
-  n = len(singles)
-  one = all(singles)
-  namespace = dict(names)
-  namespace.update(
-      Fallback=Fallback, CLEAN=CLEAN, UNCLEAN=UNCLEAN, SOURCE=SOURCE,
-      MISSING=_MISSING, type=type, len=len, Exception=Exception,
-      cap=SPILL_OUTPUTS, unwrap=unwrap, DEFAULT_PANE=PANE_INFO_UNKNOWN)
-  bound = ', '.join(f'{name}={name}' for name in sorted(namespace))
-  lines = [f'def run(units, meta, {bound}):']
-  # How each ParDo output's count is known: a Map outputs as many as it
-  # reads; outputs that reach the end unchanged in number are the
-  # element's outputs; the others are counted.
-  counted = []
-  for i in range(n):
-    if one:
-      counted.append('1')
-    elif all(singles[i + 1:]):
-      counted.append('(spilled + len(outs))')
-    elif singles[i]:
-      counted.append(counted[-1] if i else '1')
-    else:
-      counted.append(f'c{i + 1}')
-  counters = [c for c in counted if c.startswith('c')]
-  lines.append('  ' + ' = '.join(f'n{i}' for i in range(n + 1)) + ' = 0')
-  lines.append('  v = None')
-  lines.append('  try:')
-  if windowed:
-    lines.append('    for meta in units:')
-    lines.append('      v = meta.value')
-  else:
-    lines.append('    for v in units:')
-  if windowed and identity and any(identity):
-    lines.append('      if meta.pane_info != DEFAULT_PANE:')
-    lines.append('        raise Fallback(CLEAN, meta, v, None)')
-  if read:
-    # The source's own doing: a metric update, or a record that is not a
-    # plain value (worker.reads re-stamps those).
-    lines.append('      if watch.touched or (type(v) not in plain and '
-                 'special_record(v)):')
-    lines.append('        raise Fallback(SOURCE, meta, v, None)')
-  if not one:
-    lines.append('      outs = []')
-    lines.append('      spilled = 0')
-  if counters:
-    lines.append('      ' + ' = '.join(counters) + ' = 0')
-  lines.append('      try:')
-  indent, value = '        ', 'v'
-  for i, single in enumerate(singles):
-    x = f'x{i}'
-    more = (extra or [''] * n)[i]
-    call = f'f{i}({value}, {more})' if more else f'f{i}({value})'
-    if identity and identity[i]:
-      lines.append(f'{indent}{x} = {value}')
-      value = x
-      continue
-    if single:
-      lines.append(f'{indent}{x} = {call}')
-    else:
-      lines.append(f'{indent}r{i} = {call}')
-      lines.append(f'{indent}if r{i} is not None:')
-      lines.append(f'{indent}  for {x} in r{i}:')
-      indent += '    '
-    if not (i == n - 1 and sink == TABLE):
-      lines.append(f'{indent}if type({x}) not in plain:')
-      lines.append(f'{indent}  check({x})')
-    if counted[i].startswith('c'):
-      lines.append(f'{indent}{counted[i]} += 1')
-    value = x
-  if one:
-    lines.append(f'{indent}x = {value}')
-    lines.extend(_block(_UNPACK[sink], indent))
-  else:
-    lines.append(f'{indent}outs.append({value})')
-    lines.append(f'{indent}if len(outs) >= cap:')
-    lines.append(f'{indent}  spilled += len(outs)')
-    lines.extend(_commit(sink, combine_kind, indent + '  ', outs=True))
-    lines.append(f'{indent}  outs = []')
-  lines.append('      except Fallback:')
-  lines.append('        raise')
-  lines.append('      except Exception as exn:')
-  lines.append('        raise Fallback(%s, meta, v, exn)' %
-               ('CLEAN' if one else 'UNCLEAN if spilled else CLEAN'))
-  lines.append('      if watch.touched:')
-  lines.append('        raise Fallback(%s, meta, v, None)' %
-               ('CLEAN' if one else 'UNCLEAN if spilled else CLEAN'))
-  lines.append('      n0 += 1')
-  for i in range(n):
-    lines.append(f'      n{i + 1} += {counted[i]}')
-  lines.extend(_commit(sink, combine_kind, '      ', outs=not one))
-  lines.append('  finally:')
-  for i in range(n + 1):
-    lines.append(f'    counts[{i}] += n{i}')
-  source = '\n'.join(lines) + '\n'
-  exec(compile(source, f'<fast path loop {sink}>', 'exec'), namespace)  # pylint: disable=exec-used
-  run = namespace['run']
-  run.source = source
-  return run
-
-
-_MISSING = object()
+  def teardown(self) -> None:
+    """Each one's ``teardown``; an error is logged (as the harness's
+    release logs it), and the others are still torn down."""
+    if self._torn_down or not self._set_up:
+      self._torn_down = True
+      return
+    self._torn_down = True
+    for call in self.calls:
+      try:
+        if call.dofn is not None:
+          if type(call.dofn) is iobase._WriteBundleDoFn and (  # pylint: disable=protected-access,unidiomatic-typecheck
+              call.dofn.writer is not None):
+            # A file the loop was writing when it handed over: closed,
+            # never finalized (its bundle's result was not output).
+            writer, call.dofn.writer = call.dofn.writer, None
+            writer.close()
+          call.dofn.teardown()
+        if call.combine is not None:
+          call.combine.teardown()
+      except Exception:  # pylint: disable=broad-except
+        _LOGGER.warning('Error tearing down %s of the fast path',
+                        call.step.name, exc_info=True)

@@ -158,6 +158,47 @@ def acquire(job_id: str, stage, components, job_options: Optional[dict]
   return harness
 
 
+def keep(job_id: str, name: str, create) -> object:
+  """The object cached as ``name`` of ``job_id``, ``create()``-d if none
+  is cached or the cached one is in use. Such objects (the fast path's
+  set-up DoFns: ``worker.fastpath.chain.Instances``) are released as
+  harnesses are, and like them have ``last_used``, ``in_use()``,
+  ``dead()`` and ``shutdown()``; one in use is not cached twice."""
+  key = (job_id, 'object', name)
+  with _lock:
+    kept = _harnesses.get(key)
+    if kept is not None and not kept.in_use() and kept.dead() is None:
+      _harnesses.move_to_end(key)
+      kept.last_used = time.monotonic()
+      return kept
+  _ensure_reaper()
+  _stop_on_hangup()
+  kept = create()
+  kept.last_used = time.monotonic()
+  with _lock:
+    if key not in _harnesses or _harnesses[key].dead() is not None:
+      stale = _harnesses.pop(key, None)
+      _harnesses[key] = kept
+    else:
+      stale = None  # another one is cached; this one is the task's own
+      kept.uncached = True
+    evicted = [stale] if stale is not None else []
+    while len(_harnesses) > MAX_HARNESSES:
+      evicted.append(_harnesses.popitem(last=False)[1])
+  _stop(evicted)
+  return kept
+
+
+def forget(job_id: str, name: str, kept) -> None:
+  """Drops ``kept`` from the cache (after a failure, as Beam discards a
+  bundle processor) and shuts it down."""
+  key = (job_id, 'object', name)
+  with _lock:
+    if _harnesses.get(key) is kept:
+      del _harnesses[key]
+  _stop([kept])
+
+
 def cached(job_id: str, stage, components) -> Optional[Harness]:
   """The harness ``acquire`` would return now, if cached (for tests)."""
   kind = kind_for(_environment(stage, components))

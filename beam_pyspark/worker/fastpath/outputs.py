@@ -1,0 +1,115 @@
+"""What the fast path's loop does with outputs of a type outside its plain
+ones, as Beam's ``common._OutputHandler`` does with them, and its
+per-window calls and window assignment (``codegen`` binds these)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
+
+from beam_pyspark.worker.fastpath import chain as chains
+from beam_pyspark.worker.fastpath.chain import Call
+
+
+def slow(call: Call, meta: bool) -> Callable:
+  """A step's slow path for an output ``y`` of an element in meta ``m``:
+  ``[index,] value[, meta]`` as Beam's _OutputHandler would make them."""
+  tags = call.tags or (None, )
+  several = len(tags) > 1
+  window_fn = call.window_fn
+  stamped = (chains.TimestampedValue, chains.WindowedValue)
+
+  if not meta and not several:
+    def value_only(y, m):
+      # Neither timestamps nor windows are read after this step: a
+      # TimestampedValue or WindowedValue stands for its value.
+      if isinstance(y, stamped):
+        return y.value
+      return slow(y, m)
+
+  def slow(y, m):
+    index = 0
+    if isinstance(y, chains.TaggedOutput):
+      tag = y.tag
+      if not isinstance(tag, str):
+        raise TypeError(f'In {call.step.name}, tag {tag} is not a string')
+      if several:
+        index = tags.index(tag) if tag in tags else -1
+      elif tag != tags[0]:
+        raise chains.SpecialOutput(f'an output to tag {tag!r}')
+      y = y.value
+    if isinstance(y, chains.WindowedValue):
+      wv = y
+      if len(m.windows) != 1:
+        wv.windows *= len(m.windows)
+    elif isinstance(y, chains.TimestampedValue):
+      wv = chains.WindowedValue(
+          y.value, y.timestamp,
+          window_fn.assign(window_fn.AssignContext(y.timestamp, y.value)))
+      if len(m.windows) != 1:
+        wv.windows *= len(m.windows)
+    else:
+      wv = None
+    if meta:
+      value, meta_ = (wv.value, wv) if wv is not None else (y, m)
+      return (index, value, meta_) if several else (value, meta_)
+    value = wv.value if wv is not None else y
+    return (index, value) if several else value
+
+  return value_only if not meta and not several else slow
+
+
+def assign(call: Call) -> Callable:
+  """WindowInto: Beam's WindowIntoDoFn (bundle_processor), an element of
+  one window at a time."""
+  windowing = call.windowing
+  window_fn = windowing.windowfn if windowing is not None else None
+
+  def assign(x, m):
+    if window_fn is None:  # WindowInto(GlobalWindows()) from the global
+      if m.pane_info is PANE_INFO_UNKNOWN or m.pane_info == PANE_INFO_UNKNOWN:
+        return m
+      return chains.WindowedValue(x, m.timestamp, m.windows)
+    if len(m.windows) != 1:
+      raise chains.SpecialOutput('an element in several windows')
+    windows = window_fn.assign(
+        window_fn.AssignContext(m.timestamp, element=x, window=m.windows[0]))
+    return chains.WindowedValue(x, m.timestamp, windows)
+
+  return assign
+
+
+def per_window(x, m):
+  if len(m.windows) == 1:
+    return (m, )
+  return [chains.WindowedValue(x, m.timestamp, (w, )) for w in m.windows]
+
+
+def bad_output(results):
+  raise TypeError(
+      'Returning a %s from a ParDo or FlatMap is not allowed. '
+      'Please use list(%r) if you really want this behavior.' %
+      (type(results).__name__, results))
+
+
+def finish_output(call: Call) -> Callable:
+  """Beam's _OutputHandler.finish_bundle_outputs, for one output."""
+  tags = call.tags or (None, )
+
+  def finish_output(item):
+    tag = None
+    if isinstance(item, chains.TaggedOutput):
+      tag, item = item.tag, item.value
+    if not isinstance(item, chains.WindowedValue):
+      raise RuntimeError('Finish Bundle should only output WindowedValue '
+                         f'type but got {type(item)}')
+    if tag is None or tag == chains.MAIN_TAG:
+      index = 0
+    elif tag in tags:
+      index = tags.index(tag)
+    else:
+      index = -1
+    return index, item.value, item
+
+  return finish_output

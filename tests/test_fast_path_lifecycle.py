@@ -1,0 +1,182 @@
+"""The fast path on Spark (local[2]), on and off: a DoFn's lifecycle per
+Python worker, and a pipeline of the shapes people write (a DoFn of their
+own, Filter, Partition, keyed transforms, timestamps and fixed windows,
+CoGroupByKey, metrics), with identical output, element counts and
+metrics either way."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.io import ReadFromText
+from apache_beam.metrics import Metrics
+from apache_beam.transforms import window
+from apache_beam.utils.windowed_value import WindowedValue
+
+from fast_stages import run_on_and_off
+
+
+def _lines(path, n):
+  with open(path, 'w', encoding='utf-8') as f:
+    for i in range(n):
+      f.write(' '.join(f'w{(i * 7 + j) % 500}' for j in range(i % 11)) + '\n')
+  return str(path)
+
+
+@pytest.fixture(scope='module')
+def text(tmp_path_factory):
+  """About 2.4 MiB of lines (three splits in two tasks, so two bundles)."""
+  return _lines(tmp_path_factory.mktemp('life') / 'lines.txt', 100_000)
+
+
+@pytest.fixture(scope='module')
+def small_text(tmp_path_factory):
+  """A tenth of ``text``: the shapes need no more than a bundle, and with
+  the fast path off each of their dozen steps runs in the harness (the
+  test took 89 s with ``text`` at load 9)."""
+  return _lines(tmp_path_factory.mktemp('shapes') / 'lines.txt', 10_000)
+
+
+class Life(beam.DoFn):
+  """Logs its lifecycle to a file per instance; outputs its bundle's line
+  count at the bundle's end; its teardown fails (a job's end does not)."""
+  def __init__(self, log_dir):
+    self.log_dir = log_dir
+
+  def _log(self, event):
+    name = os.path.join(self.log_dir, f'{os.getpid()}-{id(self)}')
+    with open(name, 'a', encoding='utf-8') as f:
+      f.write(event + '\n')
+
+  def setup(self):
+    self._log('setup')
+
+  def start_bundle(self):
+    self._log('start')
+    self.lines = 0
+
+  def process(self, line):
+    self.lines += 1
+    return line.split()
+
+  def finish_bundle(self):
+    self._log('finish')
+    yield WindowedValue('#lines', window.GlobalWindow().max_timestamp(),
+                        [window.GlobalWindow()])
+    for _ in range(self.lines - 1):
+      yield WindowedValue('#lines', window.GlobalWindow().max_timestamp(),
+                          [window.GlobalWindow()])
+
+  def teardown(self):
+    self._log('teardown')
+    raise RuntimeError('teardown failed (logged, not the job\'s failure)')
+
+
+def _lifecycles(log_dir, timeout=60.0):
+  """Each instance's events, once every instance is torn down (the job's
+  harnesses are released after it ends, from a thread)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    logs = {}
+    for name in glob.glob(os.path.join(log_dir, '*')):
+      with open(name, encoding='utf-8') as f:
+        logs[os.path.basename(name)] = f.read().split()
+    if logs and all(events[-1] == 'teardown' for events in logs.values()):
+      return logs
+    if time.monotonic() > deadline:
+      return logs
+    time.sleep(0.2)
+
+
+def test_lifecycle_per_worker_and_bundle_on_and_off(text, tmp_path):
+  logs = {}
+
+  def build(p, out):
+    log_dir = tmp_path / f'life{len(logs)}'
+    log_dir.mkdir()
+    logs[len(logs)] = str(log_dir)
+    _ = (p | ReadFromText(text) | 'Life' >> beam.ParDo(Life(str(log_dir)))
+         | beam.combiners.Count.PerElement()
+         | beam.MapTuple(lambda word, n: f'{word} {n}')
+         | beam.io.WriteToText(out))
+
+  (on, _, _, messages), (off, _, _, _) = run_on_and_off(build, tmp_path)
+  assert on == off and '#lines 100000' in on
+  assert any('Life' in m for m in messages if 'on the fast path' in m)
+  starts = []
+  for run in (0, 1):
+    lifecycles = _lifecycles(logs[run])
+    assert lifecycles
+    for events in lifecycles.values():
+      # setup once per instance; bundles in between; teardown at the end.
+      assert events[0] == 'setup' and events[-1] == 'teardown', events
+      assert events[1:-1] == ['start', 'finish'] * ((len(events) - 2) // 2)
+    starts.append(sum(e.count('start') for e in lifecycles.values()))
+  assert starts[0] == starts[1] >= 2
+
+
+class Stamp(beam.DoFn):
+  """Timestamps words by their number, counting them and its bundles."""
+  def __init__(self):
+    self.words = Metrics.counter('shapes', 'words')
+    self.bundles = Metrics.distribution('shapes', 'bundles')
+
+  def start_bundle(self):
+    self.bundles.update(1)
+
+  def process(self, word):
+    self.words.inc()
+    yield window.TimestampedValue(word, int(word[1:]))
+
+
+class WordExtractingDoFn(beam.DoFn):
+  def process(self, element):
+    return re.findall(r'[\w\']+', element, re.UNICODE)
+
+
+def test_the_shapes_people_write_on_and_off(small_text, tmp_path):
+  def build(p, out):
+    words = (p | ReadFromText(small_text) | 'Split' >> beam.ParDo(WordExtractingDoFn())
+             | 'NotW1' >> beam.Filter(lambda w: not w.startswith('w1')))
+    short, long_ = words | beam.Partition(lambda w, n: int(len(w) > 3), 2)
+    counted = (short | beam.Map(lambda w: (w, 1))
+               | 'CountShort' >> beam.CombinePerKey(sum)
+               | 'FormatShort' >> beam.MapTuple(lambda k, v: f'short {k} {v}'))
+    keyed = long_ | beam.WithKeys(len) | beam.KvSwap() | beam.Values()
+    lengths = (keyed | 'Lengths' >> beam.Map(lambda n: (n % 3, n))
+               | 'SumLengths' >> beam.CombinePerKey(sum))
+    others = words | 'Others' >> beam.Map(lambda w: (len(w) % 3, w))
+    joined = ({'lengths': lengths, 'words': others} | beam.CoGroupByKey()
+              | beam.MapTuple(lambda k, v: f'cogbk {k} {sorted(v["lengths"])} '
+                              f'{len(v["words"])}'))
+
+    class InWindow(beam.DoFn):
+      def process(self, kv, w=beam.DoFn.WindowParam):
+        yield f'window {w.start} {kv[0]} {kv[1]}'
+
+    windowed = (words | beam.ParDo(Stamp())
+                | beam.WindowInto(window.FixedWindows(100))
+                | beam.Map(lambda w: (w[:2], 1))
+                | 'CountInWindow' >> beam.CombinePerKey(sum)
+                | beam.ParDo(InWindow())
+                | 'Global' >> beam.WindowInto(window.GlobalWindows()))
+    _ = ((counted, joined, windowed) | beam.Flatten()
+         | beam.io.WriteToText(out))
+
+  (on, on_counts, on_user, messages), (off, off_counts, off_user, _) = (
+      run_on_and_off(build, tmp_path))
+  assert on == off and len(on) > 100
+  assert on_counts == off_counts
+  assert on_user == off_user and len(on_user) == 2
+  (note, ) = [m for m in messages if 'on the fast path' in m]
+  # The map side in one loop: the DoFn, Filter, Partition, the windowed
+  # combine's precombine, the CoGroupByKey's tagging.
+  (stage, ) = [s for s in note.split(': ', 1)[1].split('; ')
+               if s.startswith('Split+NotW1+')]
+  for name in ('Partition', 'CountInWindow', 'CoGroupByKey', 'KvSwap'):
+    assert name in stage, note
