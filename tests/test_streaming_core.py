@@ -479,6 +479,10 @@ def test_teststream_batches_apply_events_in_order():
   assert [b.watermarks['None'] for b in batches] == [
       MIN_MICROS, 10_000_000, MAX_MICROS, MAX_MICROS]
   assert [b.last for b in batches] == [False, False, False, True]
+  # The first batch keeps its two element events apart: each runs to
+  # quiescence before the next.
+  assert [[[coder.decode(e) for _, e in event['None']] for event in b.events]
+          for b in batches] == [[['a', 'b'], ['c']], [], [['d']], []]
 
 
 def test_teststream_watermarks_are_per_tag():
@@ -536,3 +540,4 @@ def test_chains_replay_to_the_state_and_stay_short():
     assert statestore.replay(files[n] for n in chain) == entries
     assert len(chain) <= statestore.MAX_DELTAS + 2
     assert files[chain[0]].kind == statestore.SNAPSHOT
+

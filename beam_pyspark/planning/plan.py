@@ -23,6 +23,7 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 
+from beam_pyspark.planning import lifting
 from beam_pyspark.planning import reads
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import grouping_coders
@@ -205,15 +206,13 @@ def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False,
   """Runs Beam's fusion phases; returns (TransformContext, [Stage]).
 
   ``drain`` expands splittable DoFns with their truncate step, as Beam does
-  for a draining job; ``streaming`` leaves combiners unpacked, as Beam's
-  PortableRunner does for a streaming job (its conformance suite checks).
+  for a draining job; ``streaming`` chooses a streaming job's phases.
   """
   pipeline_proto = copy.deepcopy(pipeline_proto)
   _expand_recoding_reshuffles(pipeline_proto)
   return tr.create_and_optimize_stages(
       pipeline_proto,
-      phases=[p for p in PHASES
-              if not (streaming and p is tr.pack_combiners)],
+      phases=lifting.streaming_phases(PHASES) if streaming else PHASES,
       known_runner_urns=KNOWN_RUNNER_URNS,
       is_drain=drain)
 

@@ -60,7 +60,7 @@ def source_batches(plan: ExecutionPlan) -> list[TestStreamBatch]:
           read_test_stream_service(payload, tags), tags, unit=1)
     return teststream_batches(payload, tags)
   now = Timestamp.now().micros
-  return [TestStreamBatch({}, {}, now, now, last=True)]
+  return [TestStreamBatch((), {}, now, now, last=True)]
 
 
 def read_test_stream_service(
@@ -89,16 +89,17 @@ def read_test_stream_service(
 
 
 def teststream_outputs(sc, ctx, stage: StagePlan,
-                       batch: TestStreamBatch) -> list:
-  """A micro-batch's elements of a TestStream: (output id, RDD of
-  (output id, chunk)) for each output with elements in it."""
+                       elements: dict[str, list]) -> list:
+  """One event's elements of a TestStream (output tag -> [(timestamp,
+  encoded element)]): (output id, RDD of (output id, chunk)) for each
+  output with elements in it."""
   from beam_pyspark.spark import tasks  # pylint: disable=import-outside-toplevel
   from beam_pyspark.worker import streaming as worker_streaming  # pylint: disable=import-outside-toplevel
   payload = beam_runner_api_pb2.TestStreamPayload.FromString(
       stage.read_payload)
   outs = []
   for out_id, tag in stage.output_tags.items():
-    events = batch.elements.get(tag)
+    events = elements.get(tag)
     if events:
       outs.append((out_id, sc.parallelize(events, 1).mapPartitions(
           worker_streaming.TestStreamElements(ctx, payload.coder_id,
@@ -128,7 +129,7 @@ def micro_batch(batches: list[TestStreamBatch], index: int, trigger_time: int,
   if index < len(batches) and not draining:
     return batches[index]
   at = now if teststream else max(now, trigger_time)
-  return TestStreamBatch({}, {}, at, at)
+  return TestStreamBatch((), {}, at, at)
 
 
 def source_options(options, teststream_batches: int,

@@ -94,7 +94,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._first_wave = True
     self._now = self._arrival = 0
     self._waves = 0
-    self._batch: Optional[TestStreamBatch] = None
+    self._event: Optional[dict] = None  # a TestStream event: tag -> elements
     self._batches: list[TestStreamBatch] = []
     self._teststream = any(s.kind == 'teststream' for s in plan.stages)
     self._committed = -1  # the last micro-batch committed
@@ -226,19 +226,26 @@ class StreamingPipelineJob(SparkPipelineJob):
     if draining:  # a TestStream ends: its watermarks go to +inf
       for node in self._nodes.tag_nodes.values():
         self._graph.set_source(node, MAX_MICROS)
-    batch = self._batch = sources.micro_batch(
+    batch = sources.micro_batch(
         self._batches, index, trigger.time, self._now, self._teststream,
         draining)
     started, waves = time.monotonic(), self._waves
     self._arrival = self._now = max(self._now, batch.arrival_time)
     granted = self._reads.grant(trigger.grants)
-    self._wave()
-    self._batch = None
-    self._reads.wave_done()
-    if self._first_wave:
-      self._first_wave = False
-      for node in self._nodes.sources:
-        self._graph.set_source(node, MAX_MICROS)
+    # Each TestStream event runs to quiescence (its wave, then every wave
+    # its outputs and timers cause) before the next, as Beam's DirectRunner
+    # and Prism apply one event at a time; reads run in the first wave.
+    for i, event in enumerate(batch.events or ({},)):
+      self._event = event
+      self._wave()
+      self._event = None
+      if i == 0:
+        self._reads.wave_done()
+        if self._first_wave:  # bounded sources read all they hold
+          self._first_wave = False
+          for node in self._nodes.sources:
+            self._graph.set_source(node, MAX_MICROS)
+      self._settle()
     for tag, watermark in batch.watermarks.items():
       if tag in self._nodes.tag_nodes:
         self._graph.set_source(self._nodes.tag_nodes[tag], watermark)
@@ -314,12 +321,7 @@ class StreamingPipelineJob(SparkPipelineJob):
       self._control_nodes = []
     finally:
       self._unpersist()
-      for b in self._broadcasts[broadcasts:]:
-        try:
-          b.destroy()
-        except Exception:  # pylint: disable=broad-except
-          pass
-      del self._broadcasts[broadcasts:]
+      self._destroy_broadcasts(broadcasts)
       self._arrival = self._now
 
   def _runs(self, stage: StagePlan) -> bool:
@@ -327,9 +329,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     if stage.name in self._reads.granted:
       return True
     if stage.kind == 'teststream':
-      batch = self._batch
-      return batch is not None and any(
-          batch.elements.get(tag) for tag in stage.output_tags.values())
+      event = self._event
+      return bool(event) and any(
+          event.get(tag) for tag in stage.output_tags.values())
     if stage.side_inputs and self._retry_held(stage):
       return True
     inputs = [b for b in stage.inputs.values() if b != IMPULSE_BUFFER]
@@ -400,7 +402,7 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _test_stream(self, stage: StagePlan):
     """This batch's elements of a TestStream, per output."""
-    outs = sources.teststream_outputs(self.sc, self._ctx, stage, self._batch)
+    outs = sources.teststream_outputs(self.sc, self._ctx, stage, self._event)
     for out_id, rdd in outs:
       self._producer_rdds.setdefault(stage.outputs[out_id], []).append(
           rdd.map(tasks.untag))

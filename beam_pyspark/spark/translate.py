@@ -171,13 +171,18 @@ class SparkPipelineJob:
       _LOGGER.debug('No final progress for %s', self.job_id, exc_info=True)
     self._release_harnesses()
     self._unpersist()
-    for b in self._broadcasts:
+    self._destroy_broadcasts(0)
+    if self._shipment is not None:  # no longer served to executors
+      self._shipment.close()
+
+  def _destroy_broadcasts(self, first: int) -> None:
+    """Destroys the broadcasts made since the ``first``."""
+    for b in self._broadcasts[first:]:
       try:
         b.destroy()
       except Exception:  # pylint: disable=broad-except
         pass
-    if self._shipment is not None:  # no longer served to executors
-      self._shipment.close()
+    del self._broadcasts[first:]
 
   def _unpersist(self) -> None:
     for rdd in self._persisted:
