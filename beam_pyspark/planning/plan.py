@@ -28,6 +28,7 @@ from beam_pyspark.planning import reads
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import grouping_coders
 from beam_pyspark.planning.sdks import adopt_environments
+from beam_pyspark.planning.sdks import fires_per_element
 from beam_pyspark.planning.sdks import teststream_elements_nested
 
 DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
@@ -115,6 +116,7 @@ class GroupSpec:
   windowing_strategy_id: str
   default_windowing: bool
   opaque_windows: bool = False
+  fires_per_element: bool = False  # sdks.fires_per_element
 
 
 @dataclasses.dataclass
@@ -492,7 +494,8 @@ def _group_spec(buffer_id: bytes, gbk_transform_id: str, context) -> GroupSpec:
       output_coder_id=out_windowed,
       windowing_strategy_id=ws_id,
       default_windowing=is_default_windowing(ws),
-      opaque_windows=opaque)
+      opaque_windows=opaque,
+      fires_per_element=fires_per_element(components, input_pcoll))
 
 
 def is_default_windowing(ws: beam_runner_api_pb2.WindowingStrategy) -> bool:
