@@ -541,3 +541,21 @@ def test_chains_replay_to_the_state_and_stay_short():
     assert len(chain) <= statestore.MAX_DELTAS + 2
     assert files[chain[0]].kind == statestore.SNAPSHOT
 
+
+def test_the_query_source_imports_no_beam_and_keeps_beams_times():
+  """Spark imports the query's source in Python processes of its own
+  before a job's first micro-batch: apache_beam, seconds to import, stays
+  out; the times written out are Beam's."""
+  import subprocess
+  import sys
+  from apache_beam.utils.timestamp import MAX_TIMESTAMP
+  from apache_beam.utils.timestamp import MIN_TIMESTAMP
+  from beam_pyspark.streaming import MAX_MICROS as max_micros
+  from beam_pyspark.streaming import MIN_MICROS as min_micros
+  assert (min_micros, max_micros) == (MIN_TIMESTAMP.micros,
+                                      MAX_TIMESTAMP.micros)
+  loaded = subprocess.run(
+      [sys.executable, '-c', 'import sys, beam_pyspark.spark.microbatches; '
+       'print(sorted(m for m in sys.modules if m.startswith("apache_beam")))'],
+      capture_output=True, text=True, check=True).stdout.strip()
+  assert loaded == '[]'
