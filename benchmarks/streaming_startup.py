@@ -5,8 +5,10 @@ of its first micro-batch, and where that time goes.
         [--jobs idle,example]
 
 Each repeat runs each job in a fresh process (as a user's program runs)
-on ``PySparkRunner`` with ``--streaming`` and reads the runner's log lines
-as they are written, with the wall clock:
+on ``PySparkRunner`` with ``--streaming``, then the same job again in
+that process (as a job server runs its second job: Spark's SQL machinery
+is initialized by then), and reads the runner's log lines as they are
+written, with the wall clock:
 
 * ``Running job``: the job is planned and handed to the engine (Spark's
   JVM has started by then: the time before it is Spark's start-up, which
@@ -20,7 +22,8 @@ as they are written, with the wall clock:
 The jobs: ``idle``, a PeriodicImpulse firing once an hour (its first
 micro-batch emits one element and has nothing more to do), and
 ``example``, the README's examples/streaming_counts.py pipeline (200
-events a second). Printed: the medians of each phase, and the whole.
+events a second). Printed: the medians of each phase, and the whole, for
+each of the two.
 Issue 31's target: an idle job's first micro-batch within 5 s of
 "Running job" on an idle machine.
 """
@@ -36,17 +39,18 @@ import sys
 import tempfile
 
 _CHILD = r'''
-import logging, sys, time
+import logging, os, sys, threading, time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
-job, master, checkpoint = sys.argv[1:4]
+job, master, checkpoint, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 marks = {}
+live = threading.Event()
 PATTERNS = {'Running job': 'running', 'query started': 'query_started',
             'Spark offered micro-batch 0': 'offered',
-            'Micro-batch 0:': 'batch_0', 'Micro-batch 1:': 'batch_1'}
+            'Micro-batch 0:': 'batch_0'}
 
 
 class Marks(logging.Handler):
@@ -55,37 +59,40 @@ class Marks(logging.Handler):
     for pattern, name in PATTERNS.items():
       if pattern in text and name not in marks:
         marks[name] = record.created
-        if name == 'batch_1' or (name == 'batch_0' and job == 'idle'):
-          print('MARKS ' + json_dumps(marks), flush=True)
-          import os
-          os._exit(0)  # measured: the job need not end
-
-
-def json_dumps(m):
-  import json
-  return json.dumps(m)
+        if name == 'batch_0':
+          live.set()
 
 
 logging.getLogger().addHandler(Marks())
 logging.getLogger().setLevel(logging.DEBUG)
 for noisy in ('py4j', 'grpc', 'urllib3', 'apache_beam'):
   logging.getLogger(noisy).setLevel(logging.WARNING)
-options = PipelineOptions([
-    '--runner=beam_pyspark.PySparkRunner', '--streaming',
-    '--spark_master_url=' + master, '--checkpoint_location=' + checkpoint])
-start = time.time()
-with beam.Pipeline(options=options) as p:
+for run in range(runs):
+  options = PipelineOptions([
+      '--runner=beam_pyspark.PySparkRunner', '--streaming',
+      '--spark_master_url=' + master,
+      '--checkpoint_location=%s-%d' % (checkpoint, run)])
+  start = time.time()
+  p = beam.Pipeline(options=options)
   if job == 'idle':
     _ = (p | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 7200,
                              fire_interval=3600)
          | beam.Map(lambda x: x))
   else:
-    _ = (p | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 60,
+    _ = (p | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 600,
                              fire_interval=1.0 / 200)
          | beam.Map(lambda t: str(int(float(t) * 1000) % 6))
          | beam.WindowInto(window.FixedWindows(10))
          | beam.combiners.Count.PerElement()
          | beam.Map(str))
+  marks.clear()
+  live.clear()
+  result = p.run()
+  live.wait(600)
+  import json
+  print('MARKS %d %s' % (run, json.dumps(marks)), flush=True)
+  result.cancel()
+os._exit(0)  # measured: nothing more to wait for
 '''
 
 PHASES = [('running', 'query_started', 'query start'),
@@ -94,17 +101,19 @@ PHASES = [('running', 'query_started', 'query start'),
           ('running', 'batch_0', 'Running job -> micro-batch 0 done')]
 
 
-def run_once(job: str, master: str) -> dict:
+def run_once(job: str, master: str, runs: int) -> list[dict]:
+  """The marks of ``runs`` jobs run one after the other in one process."""
   with tempfile.TemporaryDirectory(prefix='bench-startup-') as tmp:
     proc = subprocess.run(
         [sys.executable, '-c', _CHILD, job, master,
-         os.path.join(tmp, 'checkpoint')],
-        capture_output=True, text=True, timeout=600, check=False)
-  for line in proc.stdout.splitlines():
-    if line.startswith('MARKS '):
-      return json.loads(line[len('MARKS '):])
-  raise RuntimeError(f'{job}: no marks (exit {proc.returncode}):\n'
-                     f'{proc.stderr[-3000:]}')
+         os.path.join(tmp, 'checkpoint'), str(runs)],
+        capture_output=True, text=True, timeout=1200, check=False)
+  marks = [json.loads(line.split(' ', 2)[2])
+           for line in proc.stdout.splitlines() if line.startswith('MARKS ')]
+  if len(marks) != runs:
+    raise RuntimeError(f'{job}: {len(marks)} of {runs} runs measured (exit '
+                       f'{proc.returncode}):\n{proc.stderr[-3000:]}')
+  return marks
 
 
 def main(argv=None) -> None:
@@ -115,13 +124,19 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   print(f'load average at start: {os.getloadavg()[0]:.1f}')
   for job in args.jobs.split(','):
-    runs = [run_once(job, args.master) for _ in range(args.repeats)]
-    print(f'{job} ({args.repeats} runs, medians):')
-    for begin, end, label in PHASES:
-      secs = [r[end] - r[begin] for r in runs if begin in r and end in r]
-      if secs:
-        print(f'  {label:40s} {statistics.median(secs):6.2f} s  '
-              f'(min {min(secs):.2f}, max {max(secs):.2f})')
+    fresh, again = [], []
+    for _ in range(args.repeats):
+      first, second = run_once(job, args.master, 2)
+      fresh.append(first)
+      again.append(second)
+    for label, runs in (('in a fresh process', fresh),
+                        ('the next job in the same process', again)):
+      print(f'{job}, {label} ({args.repeats} runs, medians):')
+      for begin, end, phase in PHASES:
+        secs = [r[end] - r[begin] for r in runs if begin in r and end in r]
+        if secs:
+          print(f'  {phase:40s} {statistics.median(secs):6.2f} s  '
+                f'(min {min(secs):.2f}, max {max(secs):.2f})')
   print(f'load average at end: {os.getloadavg()[0]:.1f}')
 
 
