@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope
 
-.PHONY: setup sdk-typescript sdk-go sdk-java demo test bench clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang demo test bench clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -52,11 +52,22 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml scripts/sdk-java.sh
 	@scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
+# Multi-language pipelines (docs/multi-language.md): Beam's Java expansion
+# services for Beam SQL and KafkaIO (Beam 2.71.0) and Apache Kafka's broker
+# for the tests, resolved by Maven into ~/.m2; again only when a pom or the
+# SQL registrar changes.
+XLANG_STAMP := sdks/xlang/.resolved
+$(XLANG_STAMP): sdks/xlang/sql/pom.xml sdks/xlang/kafka/pom.xml \
+  sdks/xlang/broker/pom.xml scripts/sdk-xlang.sh \
+  $(wildcard sdks/xlang/sql/src/main/java/beampyspark/xlang/*.java)
+	@scripts/sdk-xlang.sh
+sdk-xlang: $(XLANG_STAMP)
+
 # pytest exits 5 when it collected no test: that is a failure here, never
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-typescript sdk-go sdk-java
+test: setup sdk-typescript sdk-go sdk-java sdk-xlang
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
@@ -92,4 +103,5 @@ $(GO_BIN)/.built: sdks/go/go.mod sdks/go/go.sum
 sdk-go: $(GO_BIN)/.built
 
 clean:
-	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN)
+	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN) \
+	  sdks/xlang/*/target $(XLANG_STAMP)

@@ -39,6 +39,7 @@ from beam_pyspark.errors import out_of_memory
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
+from beam_pyspark.planning.passthrough import without_pass_through_leaves
 from beam_pyspark.planning.sdks import stages_by_environment
 
 _LOGGER = logging.getLogger(__name__)
@@ -59,7 +60,9 @@ class PipelineExecution:
       job_id: Optional[str] = None,
       listener: Optional[Listener] = None,
       status_url: Optional[Callable[[], Optional[str]]] = None):
-    self.pipeline = pipeline
+    # Composites that expanded to nothing (Java's, in expanded transforms)
+    # leave the tree first: validation and fusion see only what runs.
+    self.pipeline = without_pass_through_leaves(pipeline)
     # The status page's base URL, if one serves this job.
     self._status_url = status_url or (lambda: None)
     self.options = options or RunnerOptions()

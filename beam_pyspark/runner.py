@@ -37,7 +37,7 @@ from beam_pyspark.planning.environments import parse_all as parse_overrides
 from beam_pyspark.sdk_dependencies import StagedDependencies
 from beam_pyspark.spark.session import console_progress_bar
 from beam_pyspark.spark.session import spark_context
-from beam_pyspark.web.graph import user_transform_names
+from beam_pyspark.planning.names import user_transform_names
 
 _LOGGER = logging.getLogger(__name__)
 

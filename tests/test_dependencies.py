@@ -312,3 +312,48 @@ def test_a_package_that_does_not_build_fails_with_pips_words(tmp_path):
     deps.install(deps.dependency_set(contents), deps.fetch_from(contents), str(root))
   # Nothing that a retry would take for a finished install.
   assert [n for n in os.listdir(root) if not n.endswith('.lock')] == []
+
+
+def test_other_environments_file_artifacts_outlive_beams_temp_dir(tmp_path):
+  """A Java expansion service's jars, which Beam's ExternalTransform
+  downloads into the pipeline's local_tempdir, are linked into the run's
+  directory: Pipeline.run removes local_tempdir when run_pipeline returns,
+  before this runner's job has read them."""
+  beam_temp = tmp_path / 'beam-pipeline-temp'
+  beam_temp.mkdir()
+  jar = beam_temp / 'tmpabc'
+  jar.write_bytes(b'PK jar bytes')
+  pipeline = beam_runner_api_pb2.Pipeline()
+  java = pipeline.components.environments['java']
+  java.urn = common_urns.environments.PROCESS.urn
+  for _ in range(2):  # the same file named twice is linked once
+    java.dependencies.add(
+        type_urn=common_urns.artifact_types.FILE.urn,
+        type_payload=beam_runner_api_pb2.ArtifactFilePayload(
+            path=str(jar)).SerializeToString())
+  staged = StagedDependencies(PipelineOptions([]))
+  adopted = staged.add_to(pipeline)
+  paths = [
+      beam_runner_api_pb2.ArtifactFilePayload.FromString(
+          a.type_payload).path
+      for a in adopted.components.environments['java'].dependencies
+  ]
+  assert paths[0] == paths[1]
+  assert paths[0].startswith(staged.directory + os.sep)
+  import shutil
+  shutil.rmtree(beam_temp)  # what Pipeline.run does
+  with open(paths[0], 'rb') as f:
+    assert f.read() == b'PK jar bytes'
+  # The caller's pipeline is unchanged.
+  original = beam_runner_api_pb2.ArtifactFilePayload.FromString(
+      pipeline.components.environments['java'].dependencies[0].type_payload)
+  assert original.path == str(jar)
+
+  class Execution:
+    pass
+
+  owner = Execution()
+  staged.remove_after(owner)
+  del owner
+  gc.collect()
+  assert not os.path.exists(paths[0])

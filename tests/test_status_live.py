@@ -223,6 +223,12 @@ def test_the_list_shows_a_running_jobs_progress_advancing(
     ).click()
     _wait(lambda: 'elements' in _text(browser, '#job-graph'), 20,
           'element counts on the graph')
+    # Its Spark tasks over time, sampled while the list page polled.
+    done = browser.execute_script('''
+        return Array.from(document.querySelectorAll(
+            'svg.chart[data-chart="tasks_done"] g[data-series="done"] circle'
+        )).map(c => Number(c.dataset.value));''')
+    assert len(done) >= 2 and done == sorted(done) and done[-1] > done[0], done
     wanted = os.environ.get('BEAM_PYSPARK_SCREENSHOTS')
     shot = tmp_path / 'status-page.png'
     browser.save_screenshot(str(shot))

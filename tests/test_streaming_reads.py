@@ -24,7 +24,7 @@ from apache_beam.testing.util import equal_to
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_pyspark.spark.streamreads import METRICS_NAMESPACE
+from beam_pyspark.spark.batchlog import METRICS_NAMESPACE
 
 import streaming_recovery_job as job
 

@@ -253,3 +253,20 @@ def test_harness_kinds_cover_exactly_the_environments_validation_accepts():
   from beam_pyspark.planning.validate import SUPPORTED_ENVIRONMENTS
   from beam_pyspark.worker.harnesses import KINDS
   assert set(KINDS) == set(SUPPORTED_ENVIRONMENTS)
+
+
+def test_unnamed_channel_splits_are_the_asked_inputs():
+  """Beam's Java harness leaves ChannelSplit.transform_id empty; the
+  runner asked one input, so the split is that input's (a Java unbounded
+  read's checkpoint failed with KeyError '')."""
+  from apache_beam.portability.api import beam_fn_api_pb2
+  from beam_pyspark.worker.harnesses.base import name_channel_splits
+  split = beam_fn_api_pb2.ProcessBundleSplitResponse(channel_splits=[
+      beam_fn_api_pb2.ProcessBundleSplitResponse.ChannelSplit(
+          last_primary_element=0, first_residual_element=1),
+      beam_fn_api_pb2.ProcessBundleSplitResponse.ChannelSplit(
+          transform_id='named', first_residual_element=3),
+  ])
+  named = name_channel_splits(split, 'read')
+  assert [c.transform_id for c in named.channel_splits] == ['read', 'named']
+  assert named.channel_splits[0].first_residual_element == 1

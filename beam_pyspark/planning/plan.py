@@ -26,6 +26,7 @@ from apache_beam.utils import proto_utils
 from beam_pyspark.planning import lifting
 from beam_pyspark.planning import reads
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
+from beam_pyspark.planning.sdks import closes_windows_at_end
 from beam_pyspark.planning.sdks import grouping_coders
 from beam_pyspark.planning.sdks import adopt_environments
 from beam_pyspark.planning.sdks import fires_per_element
@@ -116,6 +117,9 @@ class GroupSpec:
   windowing_strategy_id: str
   default_windowing: bool
   opaque_windows: bool = False
+  # Windows closed at the end of input as Beam's model says (planning.sdks.
+  # closes_windows_at_end, worker.shuffle.panes).
+  final_panes: bool = False
   fires_per_element: bool = False  # sdks.fires_per_element
 
 
@@ -495,6 +499,7 @@ def _group_spec(buffer_id: bytes, gbk_transform_id: str, context) -> GroupSpec:
       windowing_strategy_id=ws_id,
       default_windowing=is_default_windowing(ws),
       opaque_windows=opaque,
+      final_panes=closes_windows_at_end(components, ws),
       fires_per_element=fires_per_element(components, input_pcoll))
 
 

@@ -164,6 +164,18 @@ def sdk_of(env: beam_runner_api_pb2.Environment) -> str:
   return 'unknown SDK'
 
 
+def closes_windows_at_end(components: beam_runner_api_pb2.Components,
+                          ws: beam_runner_api_pb2.WindowingStrategy) -> bool:
+  """Whether a bounded GroupByKey in ``ws`` closes its windows at the end
+  of input as Beam's model (Java's ReduceFnRunner) does: last panes marked
+  so, EMIT_ALWAYS honoured (worker.shuffle.panes). For the windowing of
+  SDKs other than Python, whose own runners (and ValidatesRunner tests)
+  do so; a Python pipeline gets the panes of Python's trigger driver, as
+  Beam's Python runners give them."""
+  env = components.environments.get(ws.environment_id)
+  return env is not None and sdk_of(env) != 'python'
+
+
 def describe_environment(components: beam_runner_api_pb2.Components,
                          env_id: str) -> str:
   """``env_id`` as a person reads it: its SDK and how its harness runs,

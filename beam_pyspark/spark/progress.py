@@ -21,6 +21,8 @@ CACHE_SECS = 0.5
 # Spark stages a job's progress lists (its page's table): the last ones.
 MAX_STAGES_SHOWN = 100
 RECENT_STAGES = 10000
+# Points of a job's tasks-done-over-time chart.
+MAX_HISTORY = 300
 
 
 def stage_url(ui_url: Optional[str], stage_id: int, attempt: int
@@ -148,6 +150,9 @@ class ProgressTracker:
     self._lock = threading.Lock()
     self._last: Optional[tuple[float, dict]] = None
     self._ended = _Ended()
+    # Tasks done over time, one point a snapshot (its page's chart); the
+    # oldest half thinned out when full.
+    self._history: list[dict] = []
 
   def snapshot(self, max_age: float = CACHE_SECS) -> dict:
     with self._lock:
@@ -160,6 +165,13 @@ class ProgressTracker:
             _NoJobs(), self._job_group)
       progress = job_group_progress(
           sc.statusTracker(), self._job_group, sc.uiWebUrl, self._ended)
+      self._history.append({'time': round(time.time(), 3),
+                            'done': progress['tasks_done'],
+                            'total': progress['tasks_total']})
+      if len(self._history) > MAX_HISTORY:
+        half = len(self._history) // 2
+        self._history[:half] = self._history[:half:2]
+      progress['history'] = list(self._history)
       self._last = (now, progress)
       return progress
 

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 
+from beam_pyspark.spark import naming
 from beam_pyspark.worker import finalization
 from beam_pyspark.worker import harnesses
 from beam_pyspark.worker import statestore
@@ -36,9 +37,11 @@ def release_harnesses(sc, job_id: str, succeeded: bool, wait: bool) -> None:
 
   def release():
     try:
-      sc.setJobGroup(f'{job_id}-release', f'Beam job {job_id}: release', True)
-      sc.parallelize(range(slots), slots).foreach(
-          ReleaseJob(job_id, succeeded))
+      what = f'Beam job {job_id}: release its SDK harnesses'
+      sc.setJobGroup(f'{job_id}-release', what, True)
+      with naming.call_site(sc, what):
+        sc.parallelize(range(slots), slots).foreach(
+            ReleaseJob(job_id, succeeded))
     except Exception:  # pylint: disable=broad-except
       # A context stopped meanwhile took the harnesses with its workers.
       stopped = getattr(sc, '_jsc', None) is None

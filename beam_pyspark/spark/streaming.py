@@ -37,6 +37,7 @@ from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark import batchlog
 from beam_pyspark.spark import tasks
 from beam_pyspark.spark.checkpoints import after_failure
 from beam_pyspark.spark.checkpoints import JobCheckpoint
@@ -100,7 +101,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._endpoints = self._reads.book
     self._finished = self._stop = False
     self._deferred_seen = 0
-    self._log = streamreads.BatchLog()
+    self._log = batchlog.BatchLog(plan)
     # Keyed nodes' control records, collected at the end of each wave.
     self._controls: list = []
     self._control_nodes: list = []
@@ -117,7 +118,7 @@ class StreamingPipelineJob(SparkPipelineJob):
   def streaming_status(self) -> dict:
     """Watermarks, live restrictions and the last micro-batches, for the
     status page (engine.OPTIONAL_METHODS)."""
-    return streamreads.streaming_status(
+    return batchlog.streaming_status(
         self._graph.snapshot(), self._nodes.display_names(), self._endpoints,
         self._log, self._reads.last_grants)
 
@@ -233,6 +234,7 @@ class StreamingPipelineJob(SparkPipelineJob):
         self._batches, index, trigger.time, self._now, self._teststream,
         draining)
     started, waves = time.monotonic(), self._waves
+    self._activity = f'micro-batch {index}'  # in Spark's job descriptions
     self._arrival = self._now = max(self._now, batch.arrival_time)
     granted = self._reads.grant(trigger.grants)
     # Each TestStream event runs to quiescence (its wave, every wave it
@@ -255,13 +257,11 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._settle()
     self._finished = (index >= len(self._batches) - 1 or draining) and (
         not self._endpoints)
-    # What the batch did, in the job's metrics before they are committed
-    # with it (a batch run again after a crash counts once).
+    # What the batch did, committed with it (a re-run counts once).
     text, infos = self._log.add(
-        index, time.monotonic() - started, self._waves - waves,
-        trigger.grants, granted, self._endpoints,
-        {self._nodes.display_names().get(n, n): self._graph.output_watermark(n)
-         for n in self._reads.splittable})
+        index, time.monotonic() - started, self._waves - waves, trigger.grants,
+        granted, self._endpoints, self._graph, self._nodes.display_names(),
+        self._reads.splittable, list(self._ctx.metrics.value))
     self._ctx.metrics.add([(f'@micro-batch {index}', 0, infos)])
     self._commit(index)
     self._committed = index

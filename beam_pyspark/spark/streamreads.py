@@ -11,20 +11,15 @@ each micro-batch did (``BatchLog``).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import time
 from typing import Optional
 
 from apache_beam.portability.api import beam_fn_api_pb2
-from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
-from beam_pyspark.streaming import MAX_MICROS
-from beam_pyspark.streaming import MIN_MICROS
 from beam_pyspark.streaming.endpoints import EndpointBook
 from beam_pyspark.streaming.endpoints import byte_shares
 from beam_pyspark.streaming.endpoints import to_split
@@ -166,103 +161,10 @@ def finalize_committed(sc, job_id: str, committed: int) -> None:
   the Python workers (worker.finalization), with a task per worker slot; a
   worker this misses finalizes them at its next task of the job, or when
   the job is released."""
+  from beam_pyspark.spark import naming
   from beam_pyspark.spark import release
   slots = 2 * max(1, sc.defaultParallelism)
-  sc.parallelize(range(slots), slots).foreach(
-      release.FinalizeCommitted(job_id, committed))
-
-
-# The runner's own metrics of a streaming job (result.metrics(), the
-# status page, /metrics), under this namespace and step.
-METRICS_NAMESPACE = 'beam_pyspark.streaming'
-METRICS_STEP = 'streaming'
-
-
-class BatchLog:
-  """What each micro-batch did: a detailed job message, metrics, and the
-  last ones kept for the status page."""
-  def __init__(self, keep: int = 100):
-    self.recent: collections.deque = collections.deque(maxlen=keep)
-
-  def add(self, index: int, secs: float, waves: int, grants: dict,
-          granted: int, book: EndpointBook,
-          watermarks: dict[str, int]) -> tuple[str, list[bytes]]:
-    """(the job message, serialized MonitoringInfos) of micro-batch
-    ``index``; ``watermarks``: each read's output watermark."""
-    budget = sum(g for g in grants.values() if g is not None)
-    backlog = sum(e.backlog or 0 for e in book.of_all())
-    self.recent.append({
-        'batch': index, 'secs': round(secs, 3), 'waves': waves,
-        'endpoints_read': granted, 'granted_records': budget,
-        'endpoints_left': len(book), 'backlog': backlog})
-    text = f'Micro-batch {index}: {secs:.2f} s, {waves} wave(s)'
-    if granted or book:
-      text += (f'; read {granted} restriction(s) granted {budget} record(s), '
-               f'{len(book)} left (backlog {backlog:g})')
-    return text, [m.SerializeToString() for m in _batch_metrics(
-        secs, budget, len(book), backlog, watermarks)]
-
-
-def _batch_metrics(secs: float, granted: int, endpoints: int, backlog: float,
-                   watermarks: dict[str, int]) -> list:
-  from apache_beam.metrics import monitoring_infos as mi
-  from apache_beam.metrics.cells import DistributionData
-  from apache_beam.metrics.cells import GaugeData
-  ns, step = METRICS_NAMESPACE, METRICS_STEP
-  millis = int(secs * 1000)
-  now = int(time.time() * 1000)
-  infos = [
-      mi.int64_user_counter(ns, 'micro_batches', 1, ptransform=step),
-      mi.int64_user_counter(ns, 'records_granted', granted, ptransform=step),
-      mi.int64_user_distribution(
-          ns, 'micro_batch_millis',
-          DistributionData(millis, 1, millis, millis), ptransform=step),
-      mi.int64_user_gauge(ns, 'endpoints', GaugeData(endpoints, now),
-                          ptransform=step),
-      mi.int64_user_gauge(ns, 'backlog', GaugeData(int(backlog), now),
-                          ptransform=step),
-  ]
-  for read, micros in sorted(watermarks.items()):
-    if MIN_MICROS < micros < MAX_MICROS:
-      infos.append(mi.int64_user_gauge(
-          ns, 'output_watermark_millis', GaugeData(micros // 1000, now),
-          ptransform=read))
-  return infos
-
-
-def _when(micros: Optional[int]) -> Optional[str]:
-  """A watermark for people: ISO time, or -inf/+inf."""
-  if micros is None:
-    return None
-  if micros <= MIN_MICROS:
-    return '-inf'
-  if micros >= MAX_MICROS:
-    return '+inf'
-  return Timestamp(micros=micros).to_utc_datetime().isoformat() + 'Z'
-
-
-def streaming_status(watermarks: dict, names: dict, book: EndpointBook,
-                     log: BatchLog, granted: dict) -> dict:
-  """A streaming job's state for its status page, as plain data: each
-  stage's input and output watermarks (``WatermarkGraph.snapshot()``),
-  each live restriction (its stage, last grant, backlog, watermark, when
-  it may run again) and the last micro-batches."""
-  now = time.time()
-  return {
-      'watermarks': {
-          names.get(node, node): {'input': _when(w['input']),
-                                  'output': _when(w['output']),
-                                  'holds': len(w['holds'])}
-          for node, w in watermarks.items()},
-      'endpoints': {
-          e.endpoint_id: {
-              'stage': names.get(e.node, e.node),
-              'last grant': granted.get(e.endpoint_id),
-              'position': e.position,
-              'backlog': e.backlog,
-              'watermark': _when(e.watermark if e.watermark is not None
-                                 else MIN_MICROS),
-              'resumes in (s)': max(0.0, round(e.resume_at / 1e6 - now, 3))}
-          for e in book.of_all()},
-      'micro_batches': list(log.recent)[-20:],
-  }
+  with naming.call_site(sc, f'Beam job {job_id}: finalize the bundles of '
+                        f'micro-batches up to {committed}'):
+    sc.parallelize(range(slots), slots).foreach(
+        release.FinalizeCommitted(job_id, committed))

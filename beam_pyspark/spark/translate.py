@@ -20,6 +20,7 @@ outputs, is persisted so that Spark does not recompute it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Callable
@@ -38,7 +39,9 @@ from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning.names import stage_label
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark import naming
 from beam_pyspark.spark import tasks
 from beam_pyspark.spark.dependencies import ship_dependencies
 from beam_pyspark.spark.failures import group_budget
@@ -111,6 +114,11 @@ class SparkPipelineJob:
     self._progress = ProgressTracker(sc, job_id)
     self._fast, self._fast_note = (
         fastpath.choose(plan.stages, self._runtime) if fast_path else ({}, ''))
+    # Stage labels (spark.naming); those built since the last Spark job.
+    self._labels = {
+        s.name: stage_label(i, s) for i, s in enumerate(plan.stages)}
+    self._unlaunched: list[str] = []
+    self._activity = ''  # e.g. 'micro-batch 7' (streaming)
 
   # -- public ---------------------------------------------------------------
 
@@ -151,17 +159,18 @@ class SparkPipelineJob:
     output nothing reads."""
     if self._fast_note:
       self.log(self._fast_note)
-    terminal = []
+    terminal, last = [], []
     for stage in self.plan.stages:
       self._check_cancelled()
       outputs = self._translate(stage)
       if outputs is not None and not any(
           self._consumers.get(b) for b in stage.outputs.values()):
         terminal.append(outputs)
+        last.append(naming.short(self._labels[stage.name]))
     self._check_cancelled()
     if terminal:
-      self._action(
-          lambda: self.sc.union(terminal).foreach(tasks.consume))
+      with naming.call_site(self.sc, ', '.join(last) + ' (output)'):
+        self._action(lambda: self.sc.union(terminal).foreach(tasks.consume))
 
   def _close(self) -> None:
     self._forward_logs()
@@ -176,20 +185,15 @@ class SparkPipelineJob:
       self._shipment.close()
 
   def _destroy_broadcasts(self, first: int) -> None:
-    """Destroys the broadcasts made since the ``first``."""
-    for b in self._broadcasts[first:]:
-      try:
+    for b in self._broadcasts[first:]:  # those made since the first-th
+      with contextlib.suppress(Exception):
         b.destroy()
-      except Exception:  # pylint: disable=broad-except
-        pass
     del self._broadcasts[first:]
 
   def _unpersist(self) -> None:
     for rdd in self._persisted:
-      try:
+      with contextlib.suppress(Exception):
         rdd.unpersist()
-      except Exception:  # pylint: disable=broad-except
-        pass
     self._persisted = []
 
   def cancel(self) -> None:
@@ -241,11 +245,14 @@ class SparkPipelineJob:
   # -- stages ---------------------------------------------------------------
 
   def _translate(self, stage: StagePlan):
-    if stage.kind == 'reshuffle':
-      return self._reshuffle(stage)
-    if stage.kind == 'read':
-      return self._read(stage)
-    return self._sdk_stage(stage)
+    label = self._labels.get(stage.name, stage.name)
+    self._unlaunched.append(label)
+    with naming.call_site(self.sc, label):
+      if stage.kind == 'reshuffle':
+        return self._reshuffle(stage)
+      if stage.kind == 'read':
+        return self._read(stage)
+      return self._sdk_stage(stage)
 
   def _sdk_stage(self, stage: StagePlan):
     sc = self.sc
@@ -323,7 +330,8 @@ class SparkPipelineJob:
       self._persisted.append(out)
       rounds.append(out.filter(tasks.NotTag(RESIDUAL_TAG)))
       residual = out.filter(tasks.HasTag(RESIDUAL_TAG)).map(tasks.untag)
-      count = self._action(residual.count)
+      count = self._action(
+          residual.count, f'residuals of {self._labels.get(stage.name)}')
       if not count:
         break
       self.log(
@@ -349,7 +357,7 @@ class SparkPipelineJob:
       sized = self._action(
           lambda: source.mapPartitions(
               tasks.SizedElements(self._ctx, stage.input_coders[in_id]))
-          .collect())
+          .collect(), 'the sizes of restrictions to pack')
       bins = pack_by_size([s for s, _ in sized], self._parallelism)
       self.log(
           f'{stage.name}: {len(sized)} restrictions packed into '
@@ -421,12 +429,14 @@ class SparkPipelineJob:
         # Producers packed their records per reduce partition (RunStage);
         # Spark moves the chunks, the reduce side groups within a budget.
         spec = self.plan.groups[buffer_id]
-        rdd = (
-            shuffle_chunks(source, self._parallelism)
-            .mapPartitions(
-                tasks.GroupValues(
-                    self._ctx, spec, self._group_budget,
-                    self._may_page(buffer_id), self._compact(buffer_id))))
+        with naming.call_site(self.sc, naming.shuffle_site(
+            [self._labels[p.name] for p in self._producers.get(buffer_id, ())],
+            spec.transform_name)):  # its map side: the writers' Spark stage
+          chunks = shuffle_chunks(source, self._parallelism)
+        rdd = chunks.mapPartitions(
+            tasks.GroupValues(
+                self._ctx, spec, self._group_budget,
+                self._may_page(buffer_id), self._compact(buffer_id)))
       else:
         rdd = source
     self._buffer_rdds[buffer_id] = rdd
@@ -459,7 +469,8 @@ class SparkPipelineJob:
     chunks = self._side_chunks.get(buffer_id)
     if chunks is None:
       rdd = self._buffer(buffer_id)
-      chunks = self._side_chunks[buffer_id] = self._action(rdd.collect)
+      chunks = self._side_chunks[buffer_id] = self._action(
+          rdd.collect, 'a side input')
     return chunks
 
   # -- actions --------------------------------------------------------------
@@ -468,10 +479,19 @@ class SparkPipelineJob:
     if self._cancelled.is_set():
       raise JobCancelledError(f'job {self.job_id} was cancelled')
 
-  def _action(self, fn):
+  def _job_label(self) -> str:
+    """How Spark's UI names this job's Spark jobs (before what they run)."""
+    return f'Beam job {self.job_id}' + (
+        f', {self._activity}' if self._activity else '')
+
+  def _action(self, fn, what: str = ''):
+    """Runs ``fn``'s Spark jobs, described (naming.described) in Spark's UI."""
     self._check_cancelled()
+    text = naming.described(self._job_label(), what, self._unlaunched)
+    self._unlaunched = []
     try:
-      return fn()
+      with naming.job_description(self.sc, text, f'Beam job {self.job_id}'):
+        return fn()
     except Exception as exn:  # py4j errors carry the executors' traceback
       if self._cancelled.is_set():
         raise JobCancelledError(f'job {self.job_id} was cancelled') from exn

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Iterable
 from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -20,6 +19,7 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning.names import user_transform_names  # noqa: F401 (re-exported)
 from beam_pyspark.planning.sdks import describe_environment
 
 NODE_WIDTH = 260
@@ -255,16 +255,3 @@ def pipeline_svg(plan: ExecutionPlan,
   for node in graph.nodes:
     node.status = (statuses or {}).get(node.node_id, '')
   return render_svg(graph)
-
-
-def user_transform_names(names: Iterable[str]) -> list[str]:
-  """A stage's Beam transforms, without fusion's reads and writes of
-  buffers (``ref_PCollection_.../Read``, ``.../Group/Write``)."""
-  kept = []
-  for name in names:
-    if name.startswith('ref_PCollection_') and name.endswith(('/Read', '/Write')):
-      continue
-    if name.endswith(('/Group/Read', '/Group/Write')):
-      continue
-    kept.append(name)
-  return kept

@@ -192,6 +192,7 @@ def job_detail(registry, job_id: str, min_importance: int) -> dict:
                   'at': when(e.timestamp)} for e in job.states],
       'spark_ui': progress.get('spark_ui'),
       'spark_stages': list(progress.get('stages', [])),
+      'progress_history': list(progress.get('history', [])),
       'beam_stage_tasks_done': dict(progress.get('beam_stages', {})),
       'metrics': user_metrics(committed, attempted),
       'element_counts': element_counts(committed),

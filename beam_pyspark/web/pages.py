@@ -16,6 +16,7 @@ from typing import Callable
 from typing import Optional
 
 from beam_pyspark.web import assets
+from beam_pyspark.web import charts
 from beam_pyspark.web.jobdata import SEVERITIES
 
 _esc = html.escape
@@ -29,7 +30,8 @@ def job_path(job_id: str) -> str:
 def page(title: str, body: str, script: str = '') -> bytes:
   tail = f'<script>{script}</script>' if script else ''
   return (f'<!doctype html><html><head><meta charset="utf-8">'
-          f'<title>{_esc(title)}</title><style>{assets.STYLE}</style>'
+          f'<title>{_esc(title)}</title>'
+          f'<style>{assets.STYLE}{charts.STYLE}</style>'
           f'</head><body>{body}{tail}</body></html>').encode('utf-8')
 
 
@@ -147,7 +149,11 @@ def _streaming_section(status: Optional[dict]) -> str:
   if not status:
     return ''
   parts = ['<h2>Streaming</h2>']
+  if status.get('series'):
+    parts.append(charts.streaming_charts(status['series']))
   for key, value in status.items():
+    if key == 'series':
+      continue  # charted above
     parts.append(f'<h3>{_esc(str(key).replace("_", " ").capitalize())}</h3>')
     if isinstance(value, dict) and value and all(
         isinstance(v, dict) for v in value.values()):
@@ -178,7 +184,9 @@ def job_sections(detail: dict, graph: Callable[[], str]) -> dict[str, str]:
                     f'{progress_bar(detail["progress"])}</span> '
                     f'<span class="muted">{_duration(detail)}</span>'),
       'job-graph': graph(),
-      'job-stages': _stages_section(detail),
+      'job-stages': _stages_section(detail) + (
+          '' if detail['streaming'] else
+          charts.progress_chart(detail.get('progress_history') or [])),
       'job-metrics': _metrics_section(detail['metrics']),
       'job-messages': _messages_section(detail),
       'job-streaming': _streaming_section(detail['streaming']),

@@ -29,6 +29,7 @@ from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.runners.worker import bundle_processor
 
 from beam_pyspark.worker.elements import decode_all
+from beam_pyspark.worker.harnesses.base import name_channel_splits
 
 # A task's records carrying a residual restriction for the driver:
 # (RESIDUAL_TAG, Residual). Input records of an endpoint to run:
@@ -388,7 +389,7 @@ class Checkpointer:
       return False  # the bundle ended meanwhile, or the harness went
     if response.error:
       return False
-    split = response.process_bundle_split
+    split = name_channel_splits(response.process_bundle_split, self.input_id)
     if split.residual_roots or split.channel_splits:
       self.results.append(split)
       return True

@@ -166,3 +166,19 @@ def user_state_tokens(token: Optional[bytes]) -> list:
   return [beam_fn_api_pb2.ProcessBundleRequest.CacheToken(
       user_state=beam_fn_api_pb2.ProcessBundleRequest.CacheToken.UserState(),
       token=token)]
+
+
+def name_channel_splits(split: beam_fn_api_pb2.ProcessBundleSplitResponse,
+                        input_id: str
+                        ) -> beam_fn_api_pb2.ProcessBundleSplitResponse:
+  """The split's channel splits, each naming the data input it splits.
+
+  Beam's Java harness leaves ``ChannelSplit.transform_id`` empty
+  (``BeamFnDataReadRunner.trySplit``: Beam's Java runners ask one input a
+  bundle); the runner asked ``input_id`` alone, so an unnamed channel
+  split is that input's. Without this a Java unbounded read's checkpoint
+  failed its task with KeyError ''."""
+  for channel in split.channel_splits:
+    if not channel.transform_id:
+      channel.transform_id = input_id
+  return split

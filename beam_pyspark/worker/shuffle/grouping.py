@@ -32,6 +32,7 @@ from apache_beam.utils import windowed_value
 
 from beam_pyspark.planning.plan import GroupSpec
 from beam_pyspark.worker.shuffle import paging
+from beam_pyspark.worker.shuffle import panes
 from beam_pyspark.worker.elements import CHUNK_BYTES
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.runtime import JobRuntime
@@ -84,6 +85,8 @@ def group_values(
   out_impl = runtime.coder_impl(spec.output_coder_id)
   windowing = runtime.windowing(spec.windowing_strategy_id, spec.opaque_windows)
 
+  proto = runtime.components.windowing_strategies[spec.windowing_strategy_id]
+
   def windowed_outputs():
     driver = trigger.create_trigger_driver(windowing, is_batch=True)
     for _, elements in groups:
@@ -97,7 +100,9 @@ def group_values(
         wv = in_impl.decode_from_stream(create_InputStream(encoded), True)
         key = wv.value[0]
         values.append(wv.with_value(wv.value[1]))
-      if values:
+      if values and spec.final_panes:  # Beam's model closes the windows
+        yield from panes.key_panes(driver, windowing, proto, key, values)
+      elif values:  # as Python's own runners do
         yield from driver.process_entire_key(key, values)
 
   return _reported(spec, stats, encode_stream(out_impl, windowed_outputs()))

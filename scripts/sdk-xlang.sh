@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Java for multi-language pipelines (docs/multi-language.md): Beam's Java
+# expansion services for Beam SQL and KafkaIO, and Apache Kafka's own
+# broker for the tests' real Kafka. Maven resolves each of sdks/xlang/*
+# into its cache (~/.m2) and writes the classpath a JVM starts with to
+# sdks/xlang/<name>/target/classpath.txt; the SQL one first builds its
+# registrar (src/). Nothing is fetched when the tests run.
+set -euo pipefail
+cd "$(dirname "$0")/../sdks/xlang"
+if ! command -v mvn >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    echo "sdk-xlang: installing maven with apt-get..." >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
+  else
+    echo "sdk-xlang: Maven (mvn) is needed; install it (e.g. 'sudo apt-get install maven')" >&2
+    exit 1
+  fi
+fi
+for name in sql kafka broker; do
+  (
+    cd "$name"
+    if [ -d src ]; then
+      mvn -B -q package -DskipTests
+      jar="$(pwd)/target/beam-pyspark-xlang-$name-0.jar"
+    else
+      jar=""
+    fi
+    mvn -B -q dependency:build-classpath -Dmdep.outputFile=target/deps.txt
+    { [ -n "$jar" ] && printf '%s:' "$jar"; cat target/deps.txt; } > target/classpath.txt
+    echo "sdk-xlang: $name: $(tr ':' '\n' < target/classpath.txt | wc -l) jars (sdks/xlang/$name/target/classpath.txt)"
+  )
+done
+touch ../../sdks/xlang/.resolved

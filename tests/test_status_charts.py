@@ -1,0 +1,160 @@
+"""A running streaming job's charts, in a real browser, against its metrics.
+
+A real job server runs a streaming job sent by Beam's PortableRunner: a
+PeriodicImpulse offering 400 events a second while each micro-batch may
+read only 20 (``--max_records_per_batch``), so the job falls behind on
+purpose. Its page, in headless Chromium (as test_status_live), must chart
+rates, micro-batch durations, watermark lags and backlog with points whose
+values are the job's own metrics, and show the read's watermark lag
+growing. Set BEAM_PYSPARK_SCREENSHOTS=DIR to write the README's picture
+(docs/status-streaming.png) there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import urllib.parse
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import window
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
+
+from status_jobs import portable_options
+from test_status_live import _get_json
+from test_status_live import _wait
+from test_status_live import browser  # noqa: F401  (a fixture)
+from test_status_live import linux_only
+from test_status_live import screenshot_on_failure
+from test_status_live import server  # noqa: F401  (a fixture)
+
+CHARTS = ('records_per_sec', 'batch_secs', 'read_lag', 'stage_lag', 'backlog')
+
+
+def _behind_pipeline(endpoint: str) -> beam.Pipeline:
+  options = portable_options(endpoint, 'charts-behind', 2).get_all_options(
+      drop_default=True)
+  flags = [f'--{k}={v}' for k, v in options.items() if v not in (None, True)]
+  flags += [f'--{k}' for k, v in options.items() if v is True]
+  p = beam.Pipeline(options=PipelineOptions(
+      flags + ['--streaming', '--max_records_per_batch=20']))
+  start = time.time()
+  _ = (p | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 600,
+                           fire_interval=1 / 400)
+       | 'Word' >> beam.Map(lambda t: 'w%d' % (int(float(t) * 400) % 5))
+       | beam.WindowInto(window.FixedWindows(2))
+       | beam.combiners.Count.PerElement())
+  return p
+
+
+def _charts(driver) -> dict:
+  """{(chart, view): {series: [(batch, value), ...]}} as drawn."""
+  found = driver.execute_script('''
+      const out = [];
+      for (const svg of document.querySelectorAll('svg.chart')) {
+        for (const g of svg.querySelectorAll('g.series')) {
+          out.push([svg.dataset.chart, svg.dataset.view, g.dataset.series,
+                    Array.from(g.querySelectorAll('circle')).map(
+                        c => [Number(c.dataset.batch),
+                              Number(c.dataset.value)])]);
+        }
+      }
+      return out;''')
+  charts: dict = {}
+  for chart, view, series, points in found:
+    charts.setdefault((chart, view), {})[series] = points
+  return charts
+
+
+def _gauge(detail: dict, name: str, transform: str = 'streaming'):
+  for g in detail['metrics']['gauges']:
+    if (g['namespace'] == 'beam_pyspark.streaming' and g['name'] == name
+        and g['step'] == transform):
+      return g['committed']
+  return None
+
+
+def _distribution(detail: dict, name: str):
+  for d in detail['metrics']['distributions']:
+    if d['namespace'] == 'beam_pyspark.streaming' and d['name'] == name:
+      return d['committed']
+  return None
+
+
+@linux_only
+def test_a_streaming_jobs_charts_match_its_metrics_and_show_it_falling_behind(
+    server, browser, tmp_path):  # noqa: F811  (fixtures)
+  with screenshot_on_failure(browser, tmp_path, 'charts'):
+    result = _behind_pipeline(server.job_endpoint).run()
+    try:
+      job_id = _wait(lambda: next((r['job_id'] for r in _get_json(
+          server.status_url + 'api/jobs') if r['job_name'] == 'charts-behind'),
+                                  None), 120, 'the job on the status page')
+      api = (server.status_url + 'api/jobs/' +
+             urllib.parse.quote(job_id, safe=''))
+      browser.get(server.status_url + 'jobs/' +
+                  urllib.parse.quote(job_id, safe=''))
+      # Enough micro-batches to see a trend (the page refreshes itself).
+      def enough():
+        c = _charts(browser)
+        lags = c.get(('read_lag', 'recent'), {})
+        return c if max(map(len, lags.values()), default=0) >= 12 else None
+      charts = _wait(enough, 240, '12 micro-batches on the charts',
+                     every=1.0)
+      detail = _get_json(api)
+
+      for name in CHARTS:
+        for view in ('recent', 'since_start'):
+          assert (name, view) in charts, (name, view, sorted(charts))
+      # Rates: the chart's points are the gauge's values, batch by batch;
+      # the gauge (committed with the last micro-batch) is one of the
+      # chart's last points (the page may lag the API by a refresh).
+      rates = charts[('records_per_sec', 'recent')]
+      read_points = dict(rates['read'])
+      series = detail['streaming']['series']['recent']
+      last_batches = [p['batch'] for p in series][-4:]
+      gauge = _gauge(detail, 'records_read_per_sec')
+      assert gauge is not None, detail['metrics']['gauges']
+      assert gauge in {int(p['read_per_sec']) for p in series[-3:]}, (
+          gauge, series[-3:])
+      for batch, value in read_points.items():
+        api_point = next((p for p in series if p['batch'] == batch), None)
+        if api_point is not None:
+          assert value == pytest.approx(api_point['read_per_sec']), batch
+      assert max(read_points.values()) > 0, read_points
+      # The budget caps each micro-batch at 20 records read.
+      for p in series[1:]:
+        assert p['read'] - series[series.index(p) - 1]['read'] <= 20, series
+      # Durations: every committed micro-batch is in the distribution.
+      durations = _distribution(detail, 'micro_batch_millis')
+      assert durations['count'] >= max(last_batches) + 1 - 2, (
+          durations, last_batches)
+      drawn = dict(charts[('batch_secs', 'recent')]['duration'])
+      for p in series:
+        if p['batch'] in drawn:
+          assert drawn[p['batch']] == pytest.approx(p['secs'])
+      # Backlog: the chart's total is the gauge, within a micro-batch.
+      backlog = _gauge(detail, 'backlog')
+      assert backlog in {int(p['backlog']) for p in series[-3:]}, (
+          backlog, series[-3:])
+
+      # Falling behind: the read's watermark lag grows on the chart.
+      (read, lags), = [(k, v) for k, v in
+                       charts[('read_lag', 'recent')].items()]
+      values = [v for _, v in sorted(lags)]
+      assert values[-1] - values[0] > 1.0, (read, values)
+      rising = sum(b > a for a, b in zip(values, values[1:]))
+      assert rising >= 0.75 * (len(values) - 1), values
+
+      shot = tmp_path / 'status-streaming.png'
+      charts_el = browser.find_element('css selector', '#job-streaming')
+      browser.execute_script('arguments[0].scrollIntoView();', charts_el)
+      browser.save_screenshot(str(shot))
+      wanted = os.environ.get('BEAM_PYSPARK_SCREENSHOTS')
+      if wanted:
+        shutil.copy(shot, os.path.join(wanted, 'status-streaming.png'))
+    finally:
+      result.cancel()
