@@ -143,13 +143,17 @@ class PipelineExecution:
   def _start_drain(self, engine) -> None:
     engine.drain(plan_pipeline(self.pipeline, drain=True, streaming=True))
 
-  def interrupt(self, reason: str) -> bool:
+  def interrupt(self, reason: str,
+                resume: str = 'it resumes from it when the job server '
+                'starts again', graceful: bool = False) -> bool:
     """Stops a streaming job so that it can resume: between micro-batches
     (the engine's cancel; the batch it interrupts never committed, and runs
     again on resume), its checkpoint kept, since a location was given. It
     ends STOPPED (Beam's "paused or not yet started"), not CANCELLED.
     Returns False, doing nothing, for a job that could not resume (batch,
-    or no checkpoint location): cancel that instead."""
+    or no checkpoint location): cancel that instead. ``graceful``: the
+    running micro-batch finishes and commits first (the engine's ``stop``),
+    rather than failing at its next Spark action."""
     if not self.options.checkpoint_location or not self._is_streaming():
       return False
     with self._lock:
@@ -160,11 +164,14 @@ class PipelineExecution:
       engine = self._engine
     self.message(
         f'{reason}: stopping this streaming job between micro-batches; its '
-        f'checkpoint ({self.options.checkpoint_location}) is kept, and it '
-        'resumes from it when the job server starts again.',
+        f'checkpoint ({self.options.checkpoint_location}) is kept, and '
+        f'{resume}.',
         Importance.JOB_MESSAGE_WARNING)
     if engine is not None:
-      engine.cancel()
+      if graceful and hasattr(engine, 'stop'):
+        engine.stop()
+      else:
+        engine.cancel()
     return True
 
   def wait(self, timeout: Optional[float] = None) -> int:

@@ -286,7 +286,11 @@ class PySparkPipelineResult(runner.PipelineResult):
     # Milliseconds; None or 0 waits until the job ends, as Beam's
     # PortableRunner reads it (Beam's load tests wait with 0).
     timeout = duration / 1000.0 if duration else None
-    self._registry.wait(self._job_id, timeout)
+    try:
+      self._registry.wait(self._job_id, timeout)
+    except KeyboardInterrupt:
+      self._stop_on_interrupt()
+      raise
     state = self.state
     if self._reporter is not None and state in _ENDED:
       self._reporter.join()  # its summary before what the program prints
@@ -300,6 +304,35 @@ class PySparkPipelineResult(runner.PipelineResult):
         raise PipelineExecutionError(details)
       raise user from None
     return state
+
+  def _stop_on_interrupt(self) -> None:
+    """Ctrl-C while waiting: a streaming job with a checkpoint location
+    stops between micro-batches, its checkpoint kept, and says how to
+    resume; any other job is cancelled. Either way before the program
+    exits, so that Spark's stream thread is not torn down under a running
+    micro-batch (Java's traces of a lost callback server)."""
+    location = self._execution.options.checkpoint_location
+    stopping = self._execution.interrupt(
+        'Interrupted (Ctrl-C)',
+        resume=f'running the same pipeline with --checkpoint_location='
+        f'{location} resumes from it', graceful=True)
+    if not stopping:
+      self._registry.cancel(self._job_id)
+    try:
+      # The execution's own wait: a STOPPED job is over, not terminal.
+      self._execution.wait()
+    except KeyboardInterrupt:  # a second Ctrl-C: do not wait for the batch
+      self._execution.cancel()
+      raise
+    if self._reporter is not None:
+      self._reporter.join()
+    if stopping and self.state == runner.PipelineState.STOPPED:
+      print(f'Job {self.job_id} stopped, checkpoint kept at {location}: run '
+            'the same pipeline with that --checkpoint_location again to '
+            'resume.', file=sys.stderr, flush=True)
+    else:
+      print(f'Job {self.job_id} {self.state.lower()}.', file=sys.stderr,
+            flush=True)
 
   def cancel(self):
     self._registry.cancel(self._job_id)

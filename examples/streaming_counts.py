@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 
 import apache_beam as beam
@@ -61,4 +62,9 @@ def run(argv=None) -> None:
 
 if __name__ == '__main__':
   logging.getLogger().setLevel(logging.INFO)
-  run()
+  try:
+    run()
+  except KeyboardInterrupt:
+    # Ctrl-C: the runner stopped the job between micro-batches and said
+    # where its checkpoint is kept.
+    sys.exit(130)

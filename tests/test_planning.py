@@ -304,3 +304,47 @@ def test_javas_after_processing_time_without_a_delay_is_read_as_no_delay():
     check_supported(proto)
   assert any('GroupByKey' in r and 'alignment' in r
              for r in info.value.reasons)
+
+
+def _precombined(plan) -> bool:
+  urn = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+  return any(t.spec.urn == urn for s in plan.stages if s.descriptor
+             for t in beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+                 s.descriptor).transforms.values())
+
+
+@pytest.mark.parametrize('windowing, lifted', [
+    ({}, True),
+    ({'trigger': beam.transforms.trigger.Always()}, False),
+    ({'trigger': beam.transforms.trigger.AfterWatermark(
+        early=beam.transforms.trigger.AfterCount(2))}, False),
+    ({'trigger': beam.transforms.trigger.Repeatedly(
+        beam.transforms.trigger.AfterCount(1))}, False),
+    ({'trigger': beam.transforms.trigger.Repeatedly(
+        beam.transforms.trigger.AfterProcessingTime(5))}, True),
+    ({'timestamp_combiner':
+      beam.transforms.window.TimestampCombiner.OUTPUT_AT_EARLIEST}, False),
+])
+def test_a_streaming_combine_is_lifted_only_when_nothing_is_lost(
+    windowing, lifted):
+  if 'trigger' in windowing:
+    windowing['accumulation_mode'] = (
+        beam.transforms.trigger.AccumulationMode.DISCARDING)
+
+  def build(p):
+    _ = (p | beam.Create([('a', 1)])
+         | beam.WindowInto(beam.transforms.window.FixedWindows(10),
+                           **windowing)
+         | beam.CombinePerKey(sum))
+  assert _precombined(plan_pipeline(_proto(build), streaming=True)) == lifted
+
+
+def test_a_batch_combine_is_lifted_as_beam_lifts_it():
+  def build(p):
+    _ = (p | beam.Create([('a', 1)])
+         | beam.WindowInto(beam.transforms.window.FixedWindows(10),
+                           trigger=beam.transforms.trigger.Always(),
+                           accumulation_mode=beam.transforms.trigger.
+                           AccumulationMode.DISCARDING)
+         | beam.CombinePerKey(sum))
+  assert _precombined(plan_pipeline(_proto(build)))

@@ -479,6 +479,10 @@ def test_teststream_batches_apply_events_in_order():
   assert [b.watermarks['None'] for b in batches] == [
       MIN_MICROS, 10_000_000, MAX_MICROS, MAX_MICROS]
   assert [b.last for b in batches] == [False, False, False, True]
+  # The first batch keeps its two element events apart: each runs to
+  # quiescence before the next.
+  assert [[[coder.decode(e) for _, e in event['None']] for event in b.events]
+          for b in batches] == [[['a', 'b'], ['c']], [], [['d']], []]
 
 
 def test_teststream_watermarks_are_per_tag():
@@ -536,3 +540,22 @@ def test_chains_replay_to_the_state_and_stay_short():
     assert statestore.replay(files[n] for n in chain) == entries
     assert len(chain) <= statestore.MAX_DELTAS + 2
     assert files[chain[0]].kind == statestore.SNAPSHOT
+
+
+def test_the_query_source_imports_no_beam_and_keeps_beams_times():
+  """Spark imports the query's source in Python processes of its own
+  before a job's first micro-batch: apache_beam, seconds to import, stays
+  out; the times written out are Beam's."""
+  import subprocess
+  import sys
+  from apache_beam.utils.timestamp import MAX_TIMESTAMP
+  from apache_beam.utils.timestamp import MIN_TIMESTAMP
+  from beam_pyspark.streaming import MAX_MICROS as max_micros
+  from beam_pyspark.streaming import MIN_MICROS as min_micros
+  assert (min_micros, max_micros) == (MIN_TIMESTAMP.micros,
+                                      MAX_TIMESTAMP.micros)
+  loaded = subprocess.run(
+      [sys.executable, '-c', 'import sys, beam_pyspark.spark.microbatches; '
+       'print(sorted(m for m in sys.modules if m.startswith("apache_beam")))'],
+      capture_output=True, text=True, check=True).stdout.strip()
+  assert loaded == '[]'

@@ -13,40 +13,13 @@ import tempfile
 import unittest
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.testing import test_pipeline
 from apache_beam.testing import test_stream_test as beam_tst
 from apache_beam.transforms import userstate_test as beam_ust
 from apache_beam.transforms import util_test as beam_ut
 
-RUNNER = 'beam_pyspark.PySparkRunner'
-
-
-class _OnPySpark:
-  @classmethod
-  def setUpClass(cls):
-    cls._saved = (test_pipeline.TestPipeline.pytest_test_pipeline_options,
-                  StandardOptions.DEFAULT_RUNNER)
-    test_pipeline.TestPipeline.pytest_test_pipeline_options = (
-        f'--runner={RUNNER}')
-    StandardOptions.DEFAULT_RUNNER = RUNNER
-    super().setUpClass()
-
-  @classmethod
-  def tearDownClass(cls):
-    super().tearDownClass()
-    (test_pipeline.TestPipeline.pytest_test_pipeline_options,
-     StandardOptions.DEFAULT_RUNNER) = cls._saved
-
-  def test_pipelines_run_on_pyspark(self):
-    """The suite's pipelines, with or without their own options, are ours."""
-    from beam_pyspark import PySparkRunner
-    for pipeline in (test_pipeline.TestPipeline(),
-                     test_pipeline.TestPipeline(
-                         options=PipelineOptions(streaming=True)),
-                     beam.Pipeline(options=PipelineOptions())):
-      self.assertIsInstance(pipeline.runner, PySparkRunner)
+from beam_suites import OnPySpark as _OnPySpark
 
 
 class TestStreamTestOnPySpark(_OnPySpark, beam_tst.TestStreamTest):

@@ -23,11 +23,13 @@ from apache_beam.runners.portability.fn_api_runner import translations as tr
 from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 
+from beam_pyspark.planning import lifting
 from beam_pyspark.planning import reads
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import closes_windows_at_end
 from beam_pyspark.planning.sdks import grouping_coders
 from beam_pyspark.planning.sdks import adopt_environments
+from beam_pyspark.planning.sdks import fires_per_element
 from beam_pyspark.planning.sdks import teststream_elements_nested
 
 DATA_INPUT_URN = bundle_processor.DATA_INPUT_URN
@@ -118,6 +120,7 @@ class GroupSpec:
   # Windows closed at the end of input as Beam's model says (planning.sdks.
   # closes_windows_at_end, worker.shuffle.panes).
   final_panes: bool = False
+  fires_per_element: bool = False  # sdks.fires_per_element
 
 
 @dataclasses.dataclass
@@ -209,15 +212,13 @@ def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False,
   """Runs Beam's fusion phases; returns (TransformContext, [Stage]).
 
   ``drain`` expands splittable DoFns with their truncate step, as Beam does
-  for a draining job; ``streaming`` leaves combiners unpacked, as Beam's
-  PortableRunner does for a streaming job (its conformance suite checks).
+  for a draining job; ``streaming`` chooses a streaming job's phases.
   """
   pipeline_proto = copy.deepcopy(pipeline_proto)
   _expand_recoding_reshuffles(pipeline_proto)
   return tr.create_and_optimize_stages(
       pipeline_proto,
-      phases=[p for p in PHASES
-              if not (streaming and p is tr.pack_combiners)],
+      phases=lifting.streaming_phases(PHASES) if streaming else PHASES,
       known_runner_urns=KNOWN_RUNNER_URNS,
       is_drain=drain)
 
@@ -498,7 +499,8 @@ def _group_spec(buffer_id: bytes, gbk_transform_id: str, context) -> GroupSpec:
       windowing_strategy_id=ws_id,
       default_windowing=is_default_windowing(ws),
       opaque_windows=opaque,
-      final_panes=closes_windows_at_end(components, ws))
+      final_panes=closes_windows_at_end(components, ws),
+      fires_per_element=fires_per_element(components, input_pcoll))
 
 
 def is_default_windowing(ws: beam_runner_api_pb2.WindowingStrategy) -> bool:

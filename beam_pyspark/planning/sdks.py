@@ -70,6 +70,26 @@ def teststream_elements_nested(components: beam_runner_api_pb2.Components,
   return False
 
 
+def fires_per_element(components: beam_runner_api_pb2.Components,
+                      pcoll_id: str) -> bool:
+  """Whether a GroupByKey of ``pcoll_id`` runs its trigger once per element
+  rather than once per bundle of a key's elements. Beam's Python and Java
+  DirectRunners give a bundle's elements (a TestStream event's) to the
+  trigger together, and Python's TestStreamTest expects it (one early
+  pane of an event's three elements under AfterCount(1)); Go's reference
+  runner, Prism, runs the trigger after each element, and Go's trigger
+  tests expect that (Always over one event of 1, 2, 3: panes 1, 2, 3).
+  Each SDK's pipelines get their reference runner's firings: per element
+  for a PCollection written or read by a Go transform."""
+  for transform in components.transforms.values():
+    if (pcoll_id in transform.inputs.values() or
+        pcoll_id in transform.outputs.values()) and transform.environment_id:
+      env = components.environments.get(transform.environment_id)
+      if env is not None and sdk_of(env) == 'go':
+        return True
+  return False
+
+
 def python_knows_coder(components: beam_runner_api_pb2.Components,
                        coder_id: str) -> bool:
   known = beam_coders.Coder._known_urns  # pylint: disable=protected-access

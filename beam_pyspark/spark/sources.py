@@ -21,33 +21,38 @@ micro-batches its own manifest says it committed. Spark's
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
+import logging
 import os
-import pickle
 import posixpath
-import tempfile
+import threading
 import time
 from typing import Callable
 from typing import Optional
 
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.utils.timestamp import Timestamp
-from pyspark.sql.datasource import DataSource
-from pyspark.sql.datasource import DataSourceStreamReader
-from pyspark.sql.datasource import InputPartition
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark.microbatches import DRAIN_MARKER
+from beam_pyspark.spark.microbatches import SOURCE_NAME
+from beam_pyspark.spark.microbatches import STOP_MARKER
+from beam_pyspark.spark.microbatches import _STORAGE_PREFIX
+from beam_pyspark.spark.microbatches import MicroBatches
+from beam_pyspark.spark.microbatches import _MicroBatchReader  # noqa: F401 (tests)
+from beam_pyspark.spark.microbatches import _remove
+from beam_pyspark.spark.microbatches import _touch
+from beam_pyspark.spark.microbatches import control_dir
+from beam_pyspark.spark.microbatches import request_drain  # noqa: F401
 from beam_pyspark.storage import Location
-from beam_pyspark.streaming import endpoints
 from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.streaming.teststream import teststream_batches
 
 # How long reading a TestStream's events from its service may take.
 SERVICE_TIMEOUT_SECS = 300
-SOURCE_NAME = 'beam_pyspark_microbatches'
+_LOGGER = logging.getLogger(__name__)
 
 
 def source_batches(plan: ExecutionPlan) -> list[TestStreamBatch]:
@@ -64,7 +69,7 @@ def source_batches(plan: ExecutionPlan) -> list[TestStreamBatch]:
           read_test_stream_service(payload, tags), tags, unit=1)
     return teststream_batches(payload, tags)
   now = Timestamp.now().micros
-  return [TestStreamBatch({}, {}, now, now, last=True)]
+  return [TestStreamBatch((), {}, now, now, last=True)]
 
 
 def read_test_stream_service(
@@ -93,16 +98,17 @@ def read_test_stream_service(
 
 
 def teststream_outputs(sc, ctx, stage: StagePlan,
-                       batch: TestStreamBatch) -> list:
-  """A micro-batch's elements of a TestStream: (output id, RDD of
-  (output id, chunk)) for each output with elements in it."""
+                       elements: dict[str, list]) -> list:
+  """One event's elements of a TestStream (output tag -> [(timestamp,
+  encoded element)]): (output id, RDD of (output id, chunk)) for each
+  output with elements in it."""
   from beam_pyspark.spark import tasks  # pylint: disable=import-outside-toplevel
   from beam_pyspark.worker import streaming as worker_streaming  # pylint: disable=import-outside-toplevel
   payload = beam_runner_api_pb2.TestStreamPayload.FromString(
       stage.read_payload)
   outs = []
   for out_id, tag in stage.output_tags.items():
-    events = batch.elements.get(tag)
+    events = elements.get(tag)
     if events:
       outs.append((out_id, sc.parallelize(events, 1).mapPartitions(
           worker_streaming.TestStreamElements(ctx, payload.coder_id,
@@ -115,15 +121,6 @@ def teststream_outputs(sc, ctx, stage: StagePlan,
 
 # -- the query ----------------------------------------------------------------
 
-# A file in the query's control directory (``control_dir``) telling the
-# source to offer no more micro-batches (the job is cancelled, or its
-# engine has finished).
-STOP_MARKER = 'query-stop'
-# ... and to offer one micro-batch granting every endpoint, at once (the
-# job is draining).
-DRAIN_MARKER = 'query-drain'
-
-
 def micro_batch(batches: list[TestStreamBatch], index: int, trigger_time: int,
                 now: int, teststream: bool,
                 draining: bool) -> TestStreamBatch:
@@ -133,7 +130,7 @@ def micro_batch(batches: list[TestStreamBatch], index: int, trigger_time: int,
   if index < len(batches) and not draining:
     return batches[index]
   at = now if teststream else max(now, trigger_time)
-  return TestStreamBatch({}, {}, at, at)
+  return TestStreamBatch((), {}, at, at)
 
 
 def source_options(options, teststream_batches: int,
@@ -146,141 +143,6 @@ def source_options(options, teststream_batches: int,
       'budget': options.records_per_batch or 0,
       'byte_budget': options.bytes_per_batch or 0,
   }
-
-
-def control_dir(location: Location) -> str:
-  """Where the driver's engine and its query's source (two processes of
-  the driver's machine) leave each other markers: a local location
-  itself, as before; for a remote one a local directory, so the source
-  asks no remote store at every trigger."""
-  if location.local is not None:
-    return location.local
-  digest = hashlib.sha256(location.url.encode('utf-8')).hexdigest()[:20]
-  path = os.path.join(tempfile.gettempdir(), 'beam-pyspark-control', digest)
-  os.makedirs(path, exist_ok=True)
-  return path
-
-
-def request_drain(location: Location) -> None:
-  _touch(os.path.join(control_dir(location), DRAIN_MARKER))
-
-
-# The source's options that carry the location's storage options (Beam's
-# HDFS and S3 options: ``storage``); Spark redacts those that look secret
-# from its plans.
-_STORAGE_PREFIX = 'storage.'
-
-
-class _MicroBatchReader(DataSourceStreamReader):
-  """The streaming client of the design documents, as a Spark source.
-
-  Offsets are micro-batches: {'batch': index, 'time': wall-clock micros
-  the trigger was decided at, 'grants': {endpoint id: records}}. At each
-  trigger it re-reads the job's latest committed offer (the endpoints the
-  engine's manifest holds, streaming.endpoints) and offers the next
-  micro-batch when there is something to do: a TestStream batch not yet
-  run, endpoints ready to read (granted the trigger's budget), a
-  processing-time timer due; else it returns ``start`` and Spark runs no
-  batch. It runs in a Python process of Spark's on the driver, not the
-  engine's: files are all it shares with the engine.
-  """
-  def __init__(self, options: dict):
-    self.location = Location.parse(options['location'], {
-        k[len(_STORAGE_PREFIX):]: v for k, v in options.items()
-        if k.startswith(_STORAGE_PREFIX)})
-    self.control = options.get('control') or control_dir(self.location)
-    self.teststream = int(options.get('teststream', '0'))
-    self.wall_clock = options.get('wall_clock') == 'true'
-    budget = int(options.get('budget', '0'))
-    self.budget = budget if budget > 0 else None
-    byte_budget = int(options.get('byte_budget', '0'))
-    self.byte_budget = byte_budget if byte_budget > 0 else None
-    self._cached: Optional[tuple[int, dict]] = None
-
-  def initialOffset(self) -> dict:
-    """Where a query with a new checkpoint of its own starts: after the
-    runner's last commit (-1: none). Spark's query checkpoint is new for
-    a new job, and also when it was kept on another driver's disk (object
-    stores: ``storage.Location.query_checkpoint``): the job then goes on
-    from the runner's own manifests."""
-    return {'batch': self._latest_manifest(), 'time': 0, 'grants': {}}
-
-  def _latest_manifest(self) -> int:
-    names = self.location.store().listdir('manifests')
-    return max((int(n) for n in names if n.isdigit()), default=-1)
-
-  def getDefaultReadLimit(self):
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
-    from pyspark.sql.streaming.datasource import ReadMaxRows
-    return ReadAllAvailable() if self.budget is None else ReadMaxRows(
-        self.budget)
-
-  def latestOffset(self, start=None, limit=None) -> dict:
-    start = start or self.initialOffset()
-    batch = start['batch']
-    now = time.time_ns() // 1000
-    if batch < 0:
-      return {'batch': 0, 'time': now, 'grants': {}}
-    if os.path.exists(os.path.join(self.control, STOP_MARKER)):
-      return start
-    offer = self._offer(batch)
-    if offer.get('finished'):
-      return start
-    if os.path.exists(os.path.join(self.control, DRAIN_MARKER)):
-      # Draining: every endpoint, now, with no record budget.
-      return {'batch': batch + 1, 'time': now,
-              'grants': {e: None for e in offer.get('endpoints', {})}}
-    budget = getattr(limit, 'max_rows', self.budget)
-    granted = endpoints.grants(
-        offer.get('endpoints', {}), budget, now, rotate=batch + 1)
-    due = offer.get('next_processing')
-    if (batch + 1 < self.teststream or granted or
-        (self.wall_clock and due is not None and due <= now)):
-      return {'batch': batch + 1, 'time': now, 'grants': granted}
-    return start
-
-  def _offer(self, batch: int) -> dict:
-    """The latest committed manifest's offer; it must be of ``batch``
-    (Spark asks for the next trigger once the last one ran, and our
-    commit is part of running it): an older one is stale metadata, and
-    fails the query rather than offering from it."""
-    directory = self.location.join('manifests')
-    latest = self._latest_manifest()
-    if latest < batch:
-      raise PipelineExecutionError(
-          f'The streaming source\'s metadata is stale: Spark ran '
-          f'micro-batch {batch}, but the latest committed manifest under '
-          f'{directory} is {latest if latest >= 0 else "none"}. The '
-          'checkpoint location was changed or damaged while the job ran.')
-    if self._cached is None or self._cached[0] != latest:
-      manifest = pickle.loads(self.location.store().read(
-          posixpath.join('manifests', str(latest))))
-      self._cached = (latest, manifest.driver.get('offer', {}))
-    return self._cached[1]
-
-  def partitions(self, start: dict, end: dict):
-    return [InputPartition((i, end['time'], json.dumps(end['grants'])))
-            for i in range(start['batch'] + 1, end['batch'] + 1)]
-
-  def read(self, partition):
-    yield partition.value
-
-  def commit(self, end: dict) -> None:
-    pass
-
-
-class MicroBatches(DataSource):
-  """A job's micro-batches (options: its checkpoint location, TestStream
-  batches, whether processing time is the wall clock, the budgets)."""
-  @classmethod
-  def name(cls) -> str:
-    return SOURCE_NAME
-
-  def schema(self) -> str:
-    return 'batch int, time long, grants string'
-
-  def streamReader(self, schema):
-    return _MicroBatchReader(dict(self.options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,10 +177,16 @@ class Query:
     self.finished, self.stopping = finished, stopping
     self.options = options
     self._errors: list[BaseException] = []
+    self._started: Optional[float] = None  # until the first micro-batch
 
   def run(self) -> None:
     from pyspark.sql import SparkSession
     _remove(os.path.join(self.root, STOP_MARKER))
+    # Starting the query takes seconds of its own (a session, Python
+    # processes of Spark's for the source): the first micro-batch's Python
+    # workers (their daemon imports Beam) start meanwhile.
+    threading.Thread(target=self._warm_workers, daemon=True,
+                     name=f'beam-pyspark-warm-{self.job_id}').start()
     spark = SparkSession(self.sc)
     spark.dataSource.register(MicroBatches)
     reader = spark.readStream.format(SOURCE_NAME).option(
@@ -327,10 +195,13 @@ class Query:
       reader = reader.option(f'{_STORAGE_PREFIX}{key}', str(value))
     for key, value in self.options.items():
       reader = reader.option(key, str(value))
+    self._started = time.monotonic()
     query = (
         reader.load().writeStream.queryName(f'beam-{self.job_id}')
         .foreachBatch(self._each)
         .option('checkpointLocation', self.location).start())
+    _LOGGER.debug('Job %s: query started in %.2f s', self.job_id,
+                  time.monotonic() - self._started)
     try:
       while query.isActive and not self._errors:
         if self.finished() or self.stopping():
@@ -354,6 +225,17 @@ class Query:
       # The engine's own error (a user's traceback), not Spark's wrapping.
       raise self._errors[0]
 
+  def _warm_workers(self) -> None:
+    from beam_pyspark.spark import tasks  # pylint: disable=import-outside-toplevel
+    try:
+      self.sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
+      slots = max(1, self.sc.defaultParallelism)
+      self.sc.parallelize(range(slots), slots).foreach(tasks.nothing)
+    except Exception:  # pylint: disable=broad-except
+      # Only time is lost: the first micro-batch starts them itself.
+      _LOGGER.debug('Job %s: warming Python workers failed', self.job_id,
+                    exc_info=True)
+
   def _each(self, frame, batch_id) -> None:
     if self._errors:
       return
@@ -361,6 +243,11 @@ class Query:
       # foreachBatch runs on a thread of its own: the job's Spark jobs
       # belong to its group there too (Cancel).
       self.sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
+      if self._started is not None:
+        _LOGGER.debug('Job %s: Spark offered micro-batch %d %.2f s after '
+                      'the query\'s start', self.job_id, batch_id,
+                      time.monotonic() - self._started)
+        self._started = None
       trigger = self._logged_trigger(batch_id)
       if trigger is not None:
         self.run_batch(trigger)
@@ -396,15 +283,3 @@ class Query:
 
 # How often the driver looks whether the query should end.
 POLL_SECS = 0.05
-
-
-def _touch(path: str) -> None:
-  with open(path, 'a'):
-    pass
-
-
-def _remove(path: str) -> None:
-  try:
-    os.remove(path)
-  except FileNotFoundError:
-    pass

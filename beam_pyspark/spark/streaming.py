@@ -1,29 +1,25 @@
 """The streaming engine: a plan run in micro-batches, each in waves.
 
 A micro-batch is what one trigger of the job's query offers
-(``spark.sources``): a TestStream's elements up to its next advance, and
-records granted to the live restrictions of its splittable reads
-(``spark.streamreads``); the first also runs what bounded sources hold.
-Within a batch the plan runs in *waves*: one pass over the stages in
-producer order, each handed what its producers wrote in that wave, at the
-clocks computed before it. Between waves the driver moves the watermarks
-(``streaming.watermarks``, Prism's rules, with the holds tasks report:
-keyed state, timers, held-back main input, restrictions yet to read) and
-runs another wave while a keyed stage has timers due.
+(``spark.sources``): a TestStream's events up to its next advance, each
+run to quiescence in turn, and records granted to the live restrictions
+of its splittable reads (``spark.streamreads``); the first also runs what
+bounded sources hold. The plan runs in *waves*: one pass over the stages
+in producer order, each handed what its producers wrote in that wave.
+Between waves the driver moves the watermarks (``streaming.watermarks``,
+with the holds tasks report) and runs another while timers are due.
 
-Keyed work keeps state between waves (``worker.streaming``): a GroupByKey
-runs Beam's trigger driver per key, a stateful stage its user state and
-timers, each partition's changes written under the checkpoint location
-(``worker.statestore``). Side inputs are all their PCollection produced so
-far. Partitions are fixed for the job's life (crc32 of the encoded key).
+Keyed work keeps state between waves (``worker.streaming``): Beam's
+trigger driver per key, user state and timers, written per partition under
+the checkpoint location (``worker.statestore``; crc32 partitions fixed for
+the job's life). Side inputs are all their PCollection produced so far.
 
 After each batch the driver commits it (``spark.checkpoints``), then the
 bundles waiting for that commit are finalized; a driver started again with
 the same pipeline and location resumes after the last committed batch.
-Cancel fails the running batch at its next Spark action (``Query`` only
-ever stops an idle query). Once the sources are exhausted, their
-watermarks and processing time go to +inf, and waves run until nothing is
-due.
+Cancel fails the running batch at its next Spark action, ``stop`` lets it
+commit (``Query`` only ever stops an idle query). Once the sources are
+exhausted, watermarks and processing time go to +inf.
 """
 
 from __future__ import annotations
@@ -96,7 +92,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._first_wave = True
     self._now = self._arrival = 0
     self._waves = 0
-    self._batch: Optional[TestStreamBatch] = None
+    self._event: Optional[dict] = None  # a TestStream event: tag -> elements
     self._batches: list[TestStreamBatch] = []
     self._teststream = any(s.kind == 'teststream' for s in plan.stages)
     self._committed = -1  # the last micro-batch committed
@@ -104,7 +100,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._reads = streamreads.StreamReads(
         plan, self.options, most_endpoints=2 * self._parallelism)
     self._endpoints = self._reads.book
-    self._finished = False
+    self._finished = self._stop = False
     self._deferred_seen = 0
     self._log = batchlog.BatchLog(plan)
     # Keyed nodes' control records, collected at the end of each wave.
@@ -115,6 +111,10 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def describe(self) -> str:
     return f'Spark {self.sc.master}, streaming'
+
+  def stop(self) -> None:
+    """Stops the job once the running micro-batch has committed."""
+    self._stop = True
 
   def streaming_status(self) -> dict:
     """Watermarks, live restrictions and the last micro-batches, for the
@@ -198,7 +198,8 @@ class StreamingPipelineJob(SparkPipelineJob):
       sources.request_drain(self._checkpoint.location)
     self._query = sources.Query(
         self.sc, self.job_id, self._checkpoint.location, self._run_batch,
-        finished=lambda: self._finished, stopping=self._cancelled.is_set,
+        finished=lambda: self._finished,
+        stopping=lambda: self._cancelled.is_set() or self._stop,
         options=sources.source_options(self.options, len(self._batches),
                                        self._teststream), log=self.log)
     try:
@@ -206,6 +207,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     except Exception:  # pylint: disable=broad-except
       self._check_cancelled()
       raise
+    if self._stop:  # stopped between micro-batches: as cancelled then
+      self._cancelled.set()
     self._check_cancelled()
     # The sources are exhausted: whatever processing-time timers wait for
     # fires now, as at the end of a batch job.
@@ -228,20 +231,26 @@ class StreamingPipelineJob(SparkPipelineJob):
     if draining:  # a TestStream ends: its watermarks go to +inf
       for node in self._nodes.tag_nodes.values():
         self._graph.set_source(node, MAX_MICROS)
-    batch = self._batch = sources.micro_batch(
+    batch = sources.micro_batch(
         self._batches, index, trigger.time, self._now, self._teststream,
         draining)
     started, waves = time.monotonic(), self._waves
     self._activity = f'micro-batch {index}'  # in Spark's job descriptions
     self._arrival = self._now = max(self._now, batch.arrival_time)
     granted = self._reads.grant(trigger.grants)
-    self._wave()
-    self._batch = None
-    self._reads.wave_done()
-    if self._first_wave:
-      self._first_wave = False
-      for node in self._nodes.sources:
-        self._graph.set_source(node, MAX_MICROS)
+    # Each TestStream event runs to quiescence (its wave, every wave it
+    # causes) before the next, as in Beam's DirectRunner and Prism.
+    for i, event in enumerate(batch.events or ({},)):
+      self._event = event
+      self._wave()
+      self._event = None
+      if i == 0:
+        self._reads.wave_done()
+        if self._first_wave:  # bounded sources read all they hold
+          self._first_wave = False
+          for node in self._nodes.sources:
+            self._graph.set_source(node, MAX_MICROS)
+      self._settle()
     for tag, watermark in batch.watermarks.items():
       if tag in self._nodes.tag_nodes:
         self._graph.set_source(self._nodes.tag_nodes[tag], watermark)
@@ -249,8 +258,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._settle()
     self._finished = (index >= len(self._batches) - 1 or draining) and (
         not self._endpoints)
-    # What the batch did, in the job's metrics before they are committed
-    # with it (a batch run again after a crash counts once).
+    # What the batch did, committed with it (a re-run counts once).
     text, infos = self._log.add(
         index, time.monotonic() - started, self._waves - waves, trigger.grants,
         granted, self._endpoints, self._graph, self._nodes.display_names(),
@@ -316,12 +324,7 @@ class StreamingPipelineJob(SparkPipelineJob):
       self._control_nodes = []
     finally:
       self._unpersist()
-      for b in self._broadcasts[broadcasts:]:
-        try:
-          b.destroy()
-        except Exception:  # pylint: disable=broad-except
-          pass
-      del self._broadcasts[broadcasts:]
+      self._destroy_broadcasts(broadcasts)
       self._arrival = self._now
 
   def _runs(self, stage: StagePlan) -> bool:
@@ -329,9 +332,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     if stage.name in self._reads.granted:
       return True
     if stage.kind == 'teststream':
-      batch = self._batch
-      return batch is not None and any(
-          batch.elements.get(tag) for tag in stage.output_tags.values())
+      event = self._event
+      return bool(event) and any(
+          event.get(tag) for tag in stage.output_tags.values())
     if stage.side_inputs and self._retry_held(stage):
       return True
     inputs = [b for b in stage.inputs.values() if b != IMPULSE_BUFFER]
@@ -342,10 +345,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     return stage.stateful and self._due(stage.name)
 
   def _has_data(self, buffer_id: bytes) -> bool:
-    if tr.split_buffer_id(buffer_id)[0] == 'group':
-      return bool(self._producer_rdds.get(buffer_id)) or self._due(
-          group_node(buffer_id))
-    return bool(self._producer_rdds.get(buffer_id))
+    return bool(self._producer_rdds.get(buffer_id)) or (
+        tr.split_buffer_id(buffer_id)[0] == 'group' and
+        self._due(group_node(buffer_id)))
 
   # -- the checkpoint -------------------------------------------------------------
 
@@ -402,7 +404,7 @@ class StreamingPipelineJob(SparkPipelineJob):
 
   def _test_stream(self, stage: StagePlan):
     """This batch's elements of a TestStream, per output."""
-    outs = sources.teststream_outputs(self.sc, self._ctx, stage, self._batch)
+    outs = sources.teststream_outputs(self.sc, self._ctx, stage, self._event)
     for out_id, rdd in outs:
       self._producer_rdds.setdefault(stage.outputs[out_id], []).append(
           rdd.map(tasks.untag))
@@ -442,8 +444,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     super()._register_outputs(stage, out)
 
   def _compact(self, buffer_id: bytes) -> bool:
-    # The trigger driver needs every element's timestamp and windows.
-    return False
+    return False  # the trigger driver needs every timestamp and window
 
   def _may_page(self, buffer_id: bytes) -> bool:
     return False

@@ -20,6 +20,7 @@ outputs, is persisted so that Spark does not recompute it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Callable
@@ -179,20 +180,20 @@ class SparkPipelineJob:
       _LOGGER.debug('No final progress for %s', self.job_id, exc_info=True)
     self._release_harnesses()
     self._unpersist()
-    for b in self._broadcasts:
-      try:
-        b.destroy()
-      except Exception:  # pylint: disable=broad-except
-        pass
+    self._destroy_broadcasts(0)
     if self._shipment is not None:  # no longer served to executors
       self._shipment.close()
 
+  def _destroy_broadcasts(self, first: int) -> None:
+    for b in self._broadcasts[first:]:  # those made since the first-th
+      with contextlib.suppress(Exception):
+        b.destroy()
+    del self._broadcasts[first:]
+
   def _unpersist(self) -> None:
     for rdd in self._persisted:
-      try:
+      with contextlib.suppress(Exception):
         rdd.unpersist()
-      except Exception:  # pylint: disable=broad-except
-        pass
     self._persisted = []
 
   def cancel(self) -> None:

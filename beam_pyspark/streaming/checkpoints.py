@@ -21,10 +21,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from typing import TYPE_CHECKING
 from typing import Iterable
 from typing import Optional
 
-from apache_beam.portability.api import beam_runner_api_pb2
+if TYPE_CHECKING:  # not imported where manifests are read (microbatches)
+  from apache_beam.portability.api import beam_runner_api_pb2
 
 # Manifests kept besides the latest (so that a manifest whose files were
 # half deleted is never the only one).

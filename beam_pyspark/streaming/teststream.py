@@ -3,11 +3,17 @@
 Beam's TestStream applies its events in order: elements are added at the
 current processing time, then the watermark of a tag, or processing time,
 advances. A micro-batch here is what arrives before one such advance,
-then the advance: batch *i* holds the elements added since the previous
+then the advance: batch *i* holds the element events since the previous
 advance and the watermarks and processing time after advance *i*. Elements
 at the end with no advance after them form a last batch. After the last
 batch every watermark goes to +inf (the stream is exhausted), as Beam's
 runners do when a TestStream ends.
+
+A batch keeps its element events apart (``events``): the engine runs each
+to quiescence (every wave its elements cause, timers included) before the
+next, as Beam's DirectRunner and Prism apply one event at a time; a
+trigger sees one event's elements of a key together, as the DirectRunner's
+bundle of that event.
 
 The TestStream's endpoint (a TestStreamService replaying events from
 elsewhere) is not supported: such a payload is refused.
@@ -40,16 +46,25 @@ def _micros(value: int, unit: int = 1000) -> int:
 class TestStreamBatch:
   """One micro-batch of a TestStream."""
   __test__ = False  # not a pytest test class
-  # output tag -> [(timestamp micros, encoded element)] added in this batch
-  # (times in the payload are milliseconds; here microseconds, as Beam's
-  # Timestamp)
-  elements: dict[str, list[tuple[int, bytes]]]
+  # The batch's element events, in order: each output tag -> [(timestamp
+  # micros, encoded element)] it adds (times in the payload are
+  # milliseconds; here microseconds, as Beam's Timestamp)
+  events: tuple[dict[str, list[tuple[int, bytes]]], ...]
   # output tag -> watermark (micros) once this batch's advance is applied
   watermarks: dict[str, int]
   # processing time (micros) the elements arrived at, and after the advance
   arrival_time: int
   processing_time: int
   last: bool = False
+
+  @property
+  def elements(self) -> dict[str, list[tuple[int, bytes]]]:
+    """Every element the batch adds, per output tag, in order."""
+    merged: dict[str, list[tuple[int, bytes]]] = {}
+    for event in self.events:
+      for tag, added in event.items():
+        merged.setdefault(tag, []).extend(added)
+    return merged
 
 
 def teststream_batches(payload: beam_runner_api_pb2.TestStreamPayload,
@@ -72,24 +87,25 @@ def teststream_batches(payload: beam_runner_api_pb2.TestStreamPayload,
       'None' if 'None' in tags else '')
   now = START_PROCESSING_TIME
   batches: list[TestStreamBatch] = []
-  elements: dict[str, list[tuple[int, bytes]]] = {}
+  events: list[dict[str, list[tuple[int, bytes]]]] = []
   arrival = now
 
   def close(last=False):
-    nonlocal elements, arrival
+    nonlocal events, arrival
     batches.append(TestStreamBatch(
-        elements=elements, watermarks=dict(watermarks), arrival_time=arrival,
-        processing_time=now, last=last))
-    elements = {}
+        events=tuple(events), watermarks=dict(watermarks),
+        arrival_time=arrival, processing_time=now, last=last))
+    events = []
     arrival = now
 
   for event in payload.events:
     kind = event.WhichOneof('event')
     if kind == 'element_event':
       added = event.element_event
-      tag = added.tag or default
-      elements.setdefault(tag, []).extend(
-          (_micros(e.timestamp, unit), e.encoded_element) for e in added.elements)
+      if added.elements:
+        events.append({added.tag or default: [
+            (_micros(e.timestamp, unit), e.encoded_element)
+            for e in added.elements]})
       continue
     if kind == 'watermark_event':
       tag = event.watermark_event.tag or default

@@ -123,9 +123,12 @@ def group_stream(runtime: JobRuntime, spec: GroupSpec, node: str,
   input_wm = Timestamp(micros=clocks.input_watermark)
   output_wm = Timestamp(micros=clocks.output_watermark)
   panes = []
+  arrival = Timestamp(micros=clocks.arrival_time)
   for key_bytes, values in by_key.items():
-    panes.extend(grouper.process(key_bytes, values, input_wm, output_wm,
-                                 Timestamp(micros=clocks.arrival_time)))
+    for bundle in ([[v] for v in values] if spec.fires_per_element
+                   else [values]):
+      panes.extend(grouper.process(key_bytes, bundle, input_wm, output_wm,
+                                   arrival))
   panes.extend(
       grouper.advance(input_wm, Timestamp(micros=clocks.processing_time)))
   yield from encode_stream(
