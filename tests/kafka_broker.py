@@ -15,7 +15,6 @@ import base64
 import os
 import socket
 import subprocess
-import time
 import uuid
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from xlang_sdk import BROKER_CLASSPATH_FILE
 from xlang_sdk import java
 from xlang_sdk import read_classpath
+from xlang_sdk import wait_listening
 
 
 def free_port() -> int:
@@ -82,19 +82,8 @@ class KafkaBroker:
     self._wait_ready(start_timeout)
 
   def _wait_ready(self, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      if self.process.poll() is not None:
-        self.stop()
-        pytest.fail(f'Kafka exited with {self.process.returncode}:\n'
-                    f'{self.log_tail()}')
-      try:
-        with socket.create_connection(('127.0.0.1', self.port), timeout=1):
-          return
-      except OSError:
-        time.sleep(0.3)
-    self.stop()
-    pytest.fail(f'Kafka did not listen in {timeout} s:\n{self.log_tail()}')
+    wait_listening(self.process, self.port, timeout, 'Kafka', self.log_tail,
+                   self.stop, every=0.3)
 
   def log_tail(self, chars: int = 6000) -> str:
     try:

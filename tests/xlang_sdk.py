@@ -7,12 +7,13 @@ Not a test module: tests/test_xlang_*.py share it.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
 
 import pytest
+
+from java_sdk import java  # noqa: F401  (kafka_broker's, too)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XLANG_DIR = os.path.join(ROOT, 'sdks', 'xlang')
@@ -34,13 +35,22 @@ def read_classpath(path: str) -> str:
     return f.read().strip()
 
 
-def java() -> str:
-  home = os.environ.get('JAVA_HOME')
-  if home and os.path.exists(os.path.join(home, 'bin', 'java')):
-    return os.path.join(home, 'bin', 'java')
-  found = shutil.which('java')
-  assert found, 'no java on PATH'
-  return found
+def wait_listening(process, port: int, timeout: float, what: str,
+                   log_tail, stop, every: float = 0.5) -> None:
+  """Until ``process`` listens on ``port``; fails the test (after
+  ``stop()``) if it exits or does not listen in ``timeout`` s."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if process.poll() is not None:
+      stop()
+      pytest.fail(f'{what} exited with {process.returncode}:\n{log_tail()}')
+    try:
+      with socket.create_connection(('127.0.0.1', port), timeout=1):
+        return
+    except OSError:
+      time.sleep(every)
+  stop()
+  pytest.fail(f'{what} did not listen in {timeout} s:\n{log_tail()}')
 
 
 def _free_port() -> int:
@@ -63,22 +73,10 @@ class ExpansionService:
     self.process = subprocess.Popen(
         [EXPANSION_SCRIPT, name, str(self.port), *args],
         stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
     # It lists its transforms before it listens: on a busy 2-core machine
     # that took 30 s.
-    while time.monotonic() < deadline:
-      if self.process.poll() is not None:
-        self.stop()
-        pytest.fail(f'the {name} expansion service exited with '
-                    f'{self.process.returncode}:\n{self.log_tail()}')
-      try:
-        with socket.create_connection(('127.0.0.1', self.port), timeout=1):
-          return
-      except OSError:
-        time.sleep(0.5)
-    self.stop()
-    pytest.fail(f'the {name} expansion service did not listen in '
-                f'{timeout} s:\n{self.log_tail()}')
+    wait_listening(self.process, self.port, timeout,
+                   f'the {name} expansion service', self.log_tail, self.stop)
 
   def log_tail(self, chars: int = 6000) -> str:
     with open(self.log_path, 'rb') as f:

@@ -238,8 +238,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._activity = f'micro-batch {index}'  # in Spark's job descriptions
     self._arrival = self._now = max(self._now, batch.arrival_time)
     granted = self._reads.grant(trigger.grants)
-    # Each TestStream event runs to quiescence (its wave, every wave it
-    # causes) before the next, as in Beam's DirectRunner and Prism.
+    # Each TestStream event to quiescence first, as Beam's runners do.
     for i, event in enumerate(batch.events or ({},)):
       self._event = event
       self._wave()
