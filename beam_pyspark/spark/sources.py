@@ -226,11 +226,14 @@ class Query:
       raise self._errors[0]
 
   def _warm_workers(self) -> None:
+    from beam_pyspark.spark import naming  # pylint: disable=import-outside-toplevel
     from beam_pyspark.spark import tasks  # pylint: disable=import-outside-toplevel
     try:
       self.sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
       slots = max(1, self.sc.defaultParallelism)
-      self.sc.parallelize(range(slots), slots).foreach(tasks.nothing)
+      with naming.call_site(self.sc, f'Beam job {self.job_id}: start its '
+                            'Python workers'):
+        self.sc.parallelize(range(slots), slots).foreach(tasks.nothing)
     except Exception:  # pylint: disable=broad-except
       # Only time is lost: the first micro-batch starts them itself.
       _LOGGER.debug('Job %s: warming Python workers failed', self.job_id,
