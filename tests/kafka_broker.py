@@ -22,6 +22,7 @@ import pytest
 from xlang_sdk import BROKER_CLASSPATH_FILE
 from xlang_sdk import java
 from xlang_sdk import read_classpath
+from xlang_sdk import stop_process
 from xlang_sdk import wait_listening
 
 
@@ -146,11 +147,5 @@ class KafkaBroker:
     return records
 
   def stop(self) -> None:
-    if self.process.poll() is None:
-      self.process.terminate()
-      try:
-        self.process.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait()
+    stop_process(self.process)
     self._log.close()

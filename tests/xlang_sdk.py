@@ -35,6 +35,17 @@ def read_classpath(path: str) -> str:
     return f.read().strip()
 
 
+def stop_process(process) -> None:
+  """Terminates ``process`` (30 s, then kills it)."""
+  if process.poll() is None:
+    process.terminate()
+    try:
+      process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
+
+
 def wait_listening(process, port: int, timeout: float, what: str,
                    log_tail, stop, every: float = 0.5) -> None:
   """Until ``process`` listens on ``port``; fails the test (after
@@ -83,11 +94,5 @@ class ExpansionService:
       return f.read().decode('utf-8', 'replace')[-chars:]
 
   def stop(self) -> None:
-    if self.process.poll() is None:
-      self.process.terminate()
-      try:
-        self.process.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait()
+    stop_process(self.process)
     self._log.close()
