@@ -80,7 +80,10 @@ class SteadyProducer:
 
 
 def _server(root) -> JobServerProcess:
-  return JobServerProcess(root, env={'PYTHONPATH': TESTS})
+  # Each server runs the job at once (the first while the client expands
+  # the Kafka read, the second resuming it): Spark warms up meanwhile.
+  return JobServerProcess(root, env={'PYTHONPATH': TESTS},
+                          spark_warm_up=True)
 
 
 def _state(server, job_id):
