@@ -123,26 +123,44 @@ def _partition_endpoints(server, job_id) -> list[str]:
 
 
 @pytest.fixture
-def broker(tmp_path):
-  kafka = KafkaBroker(str(tmp_path / 'kafka'))
+def broker_and_service(tmp_path):
+  """The broker and Kafka's expansion service, started side by side (each
+  is a JVM that takes 10-30 s to listen here)."""
+  (tmp_path / 'xkafka').mkdir()
+  started = {}
+
+  def start_service():
+    try:
+      started['service'] = ExpansionService('kafka', str(tmp_path / 'xkafka'))
+    except BaseException as exn:  # pylint: disable=broad-except
+      started['error'] = exn
+
+  thread = threading.Thread(target=start_service)
+  thread.start()
+  kafka = None
   try:
+    kafka = KafkaBroker(str(tmp_path / 'kafka'))
     kafka.create_topic(TOPIC, 2, message_timestamp_type='LogAppendTime')
-    yield kafka
   finally:
+    thread.join()
+    if kafka is None or 'error' in started:
+      if 'service' in started:
+        started['service'].stop()
+      if kafka is not None:
+        kafka.stop()
+  if 'error' in started:
+    raise started['error']
+  try:
+    yield kafka, started['service']
+  finally:
+    started['service'].stop()
     kafka.stop()
 
 
-@pytest.fixture
-def kafka_service(tmp_path):
-  (tmp_path / 'xkafka').mkdir()
-  service = ExpansionService('kafka', str(tmp_path / 'xkafka'))
-  yield service
-  service.stop()
-
-
 def test_streaming_kafka_job_counts_exactly_across_a_job_server_kill(
-    tmp_path, broker, kafka_service):
+    tmp_path, broker_and_service):
   from beam_pyspark.jobservice.recovery import StreamingRecovery
+  broker, kafka_service = broker_and_service
   root, out = tmp_path / 'server', tmp_path / 'out'
   out.mkdir()
   producer = SteadyProducer(broker)
