@@ -149,8 +149,12 @@ def run_load_test(test: LoadTest, options: dict, runner_flags: list):
 
 
 def _import_runner(_) -> None:
-  # What a task of the runner imports first (Beam among it).
+  # What a task of the runner imports first (Beam among it); then a
+  # moment, so that the tasks overlap and each takes a worker of its own
+  # (one that ends at once hands its worker to the next task: at load 30
+  # the second worker was then started, Beam imported, in a timed run).
   import beam_pyspark.spark.tasks  # pylint: disable=import-outside-toplevel,unused-import
+  time.sleep(0.5)
 
 
 def warm_runner_workers(sc) -> None:
