@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import pickle
+import socket
 import threading
 from typing import Callable
 from typing import Optional
@@ -35,6 +36,7 @@ from beam_pyspark.messages import forwarded
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.spark.dependencies import ship_dependencies
 from beam_pyspark.spark.failures import spark_failure_message
 from beam_pyspark.worker import fastpath
 from beam_pyspark.worker import harnesses
@@ -109,6 +111,7 @@ class ConnectPipelineJob(StageTranslator):
     self._metrics = TaskMetrics()
     self._lock = threading.Lock()
     self._succeeded = False
+    self._shipment = None
     self._ctx = tasks.ConnectTaskContext(
         job_id=job_id,
         components=plan.components,
@@ -126,6 +129,7 @@ class ConnectPipelineJob(StageTranslator):
     self.spark.addTag(self.tag)
     previous = self._arrow_batch_rows()
     try:
+      self._ship_dependencies()
       self._execute()
       self._succeeded = True
     finally:
@@ -182,7 +186,19 @@ class ConnectPipelineJob(StageTranslator):
       _LOGGER.debug('Could not set %s', key, exc_info=True)
       return None
 
+  def _ship_dependencies(self) -> None:
+    """The job's staged files, served by this client to the server's
+    executors (which must reach it: on another host, this host's name)."""
+    local = _loopback(self.spark)
+    address = (('127.0.0.1', '127.0.0.1', 0) if local else
+               ('0.0.0.0', socket.getfqdn(), 0))
+    self._shipment = ship_dependencies(None, self.plan, self.log, address)
+    if self._shipment is not None:
+      self._ctx.dependencies = self._shipment.shipped
+
   def _close(self) -> None:
+    if self._shipment is not None:
+      self._shipment.close()
     for df in self._persisted:
       with contextlib.suppress(Exception):
         df.unpersist()
@@ -255,13 +271,19 @@ class ConnectPipelineJob(StageTranslator):
     return kept
 
 
+def _loopback(spark) -> bool:
+  """Whether the Connect server is on this machine's loopback."""
+  builder = getattr(spark.client, '_builder', None) or getattr(
+      spark.client, '_channel_builder', None)
+  host = getattr(builder, 'host', None)
+  return host in ('localhost', '127.0.0.1', '::1')
+
+
 def _local_paths(spark) -> list[str]:
   """The client's import path, for a server on this machine (its Python
   workers then import the user's modules as the client does)."""
   from beam_pyspark.spark.session import driver_python_path
-  url = getattr(spark.client, '_channel_builder', None)
-  host = getattr(url, 'host', '') if url is not None else ''
-  if host not in ('localhost', '127.0.0.1', '::1', ''):
+  if not _loopback(spark):
     return []
   path = driver_python_path()
   return [p for p in path.split(os.pathsep) if p] if path else []

@@ -61,6 +61,8 @@ class ConnectTaskContext:
   pipeline_options: Optional[dict] = None
   split_after_secs: float = 0.0
   worker_console_logs: bool = True
+  # The job's staged dependencies, served by the client (spark.dependencies).
+  dependencies: object = None
 
   def task_context(self):
     """The RDD engine's TaskContext, over this task's collectors."""
@@ -76,7 +78,8 @@ class ConnectTaskContext:
         log_overrides=self.log_overrides,
         pipeline_options=self.pipeline_options,
         split_after_secs=self.split_after_secs,
-        worker_console_logs=self.worker_console_logs)
+        worker_console_logs=self.worker_console_logs,
+        dependencies=self.dependencies)
 
 
 def partition_index() -> int:
