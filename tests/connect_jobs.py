@@ -3,7 +3,8 @@
 Not a test module: ``python connect_jobs.py OUT_DIR [RUNNER FLAGS...]``
 runs Beam's WordCount and a pipeline of GroupByKey, lifted and unlifted
 combines, side inputs (singleton, list, dict), Flatten, a stateful DoFn,
-Reshuffle and a user counter, and writes what each produced (sorted
+Reshuffle and a user counter, and the README's DataFrame example, and
+writes what each produced (sorted
 lines) and the counter's committed value to OUT_DIR/results.json. With
 ``--streaming`` among the flags it instead submits a streaming pipeline
 and writes the error it got.
@@ -83,6 +84,21 @@ def mixed(out: str, flags: list[str]) -> int:
   return sum(c.committed for c in counters)
 
 
+def dataframe(out: str, flags: list[str]) -> list[str]:
+  """The README's DataFrame example over a CSV of its own."""
+  from apache_beam.dataframe.io import read_csv
+  sales = os.path.join(out, 'sales.csv')
+  with open(sales, 'w', encoding='utf-8') as f:
+    f.write('region,amount\n')
+    for i in range(300):
+      f.write(f'r{i % 4},{i}\n')
+  with beam.Pipeline(options=PipelineOptions(
+      ['--runner=beam_pyspark.PySparkRunner'] + flags)) as p:
+    rows = p | read_csv(sales)
+    rows.groupby('region').amount.sum().to_csv(os.path.join(out, 'totals'))
+  return lines(os.path.join(out, 'totals'))
+
+
 def cancelled(flags: list[str]) -> dict:
   """A job whose one task sleeps for ten minutes, cancelled once it runs:
   its state, and how long the cancel took to end it."""
@@ -113,8 +129,6 @@ def streaming(flags: list[str]) -> str:
 
 
 def main(argv: list[str]) -> None:
-  import logging
-  logging.basicConfig(level=logging.INFO, force=True)
   out, flags = argv[0], [f for f in argv[1:] if f != '--cancel']
   results = {}
   if '--streaming' in flags:
@@ -128,6 +142,7 @@ def main(argv: list[str]) -> None:
     results['scaled'] = mixed(out, flags)
     for name in ('grouped', 'lifted', 'counted', 'listed'):
       results[name] = lines(os.path.join(out, name))
+    results['dataframe'] = dataframe(out, flags)
     if '--cancel' in argv:
       results['cancelled'] = cancelled(flags)
     from pyspark.util import is_remote_only
@@ -137,4 +152,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
+  import logging
+  # (force: importing Beam already gave the root logger a WARNING handler.)
+  logging.basicConfig(level=logging.INFO, force=True)
   main(sys.argv[1:])

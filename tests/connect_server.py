@@ -35,7 +35,9 @@ class ConnectServer:
   """``local[cores]`` behind a Connect endpoint; ``url`` is sc://...;
   ``stop()`` ends it and its Python workers."""
   def __init__(self, directory: str, cores: int = 2, timeout: float = 240,
-               conf: dict | None = None, env: dict | None = None):
+               conf: dict | None = None, env: dict | None = None,
+               wait: bool = True):
+    """``wait``: return once it listens (else call ``wait()`` later)."""
     os.makedirs(directory, exist_ok=True)
     self.port = free_port()
     self.url = f'sc://127.0.0.1:{self.port}'
@@ -61,8 +63,13 @@ class ConnectServer:
     self.proc = subprocess.Popen(
         command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
         start_new_session=True, preexec_fn=_terminate_with_parent)
+    self.timeout = timeout
+    if wait:
+      self.wait()
+
+  def wait(self) -> None:
     try:
-      self._wait(timeout)
+      self._wait(self.timeout)
     except BaseException:
       self.stop()
       raise
@@ -127,3 +134,23 @@ def client_environment(extra: dict | None = None) -> dict:
   env.pop('SPARK_CONNECT_MODE_ENABLED', None)
   env.update(extra or {})
   return env
+
+
+_SHARED: list = []
+
+
+def shared(wait: bool = True) -> ConnectServer:
+  """One Connect server for every test of this process that asks for it
+  (tests/test_connect.py, tests/test_conformance_connect.py), started on
+  first use and stopped when the process exits. ``wait``: return once it
+  listens (else call its ``wait()``)."""
+  if not _SHARED or _SHARED[0].proc is None:
+    import atexit
+    import tempfile
+    server = ConnectServer(tempfile.mkdtemp(prefix='beam-pyspark-connect-'),
+                           wait=False)
+    _SHARED[:] = [server]
+    atexit.register(server.stop)
+  if wait:
+    _SHARED[0].wait()
+  return _SHARED[0]

@@ -3,18 +3,22 @@
 A Spark Connect server (tests/connect_server.py: Spark's own plugin over
 local[2]) and a client process with no working JVM and PySpark in its
 Connect-only mode (as ``pyspark-client`` alone) run tests/connect_jobs.py:
-Beam's WordCount and a pipeline of GroupByKey, combines, side inputs,
-Flatten, a stateful DoFn, Reshuffle and a counter; the same script on the
-RDD engine (local[2]), at the same time in another process, must produce
-the same. One server and one run of each, asserting several things.
+Beam's WordCount, a pipeline of GroupByKey, combines, side inputs,
+Flatten, a stateful DoFn, Reshuffle and a counter, and the README's
+DataFrame example; the same pipelines on
+the RDD engine (local[2], in the test process, while the server starts)
+must produce the same. One run of each, asserting several things; the
+server is the process's shared one (connect_server.shared).
 """
 import json
 import os
 import subprocess
 import sys
 
-from connect_server import ConnectServer
+from conftest import SPARK_MASTER
+import connect_server
 from connect_server import client_environment
+import connect_jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, 'connect_jobs.py')
@@ -38,16 +42,19 @@ def _results(proc: subprocess.Popen, out: str, timeout: float = 600) -> dict:
 
 
 def test_connect_engine_computes_what_the_rdd_engine_does(tmp_path):
-  rdd_out = str(tmp_path / 'rdd')
-  rdd = _start(rdd_out, ['--spark_master_url=local[2]'], dict(os.environ))
-  server = None
+  server = connect_server.shared(wait=False)
+  connect = None
   try:
-    server = ConnectServer(str(tmp_path / 'server'))
+    rdd_out = str(tmp_path / 'rdd')
+    os.makedirs(rdd_out)
+    connect_jobs.main([rdd_out, f'--spark_master_url={SPARK_MASTER}'])
+    with open(os.path.join(rdd_out, 'results.json'), encoding='utf-8') as f:
+      on_rdd = json.load(f)
+    server.wait()
     connect_out = str(tmp_path / 'connect')
     connect = _start(connect_out,
                      [f'--spark_remote={server.url}', '--cancel'],
                      client_environment())
-    on_rdd, _ = _results(rdd, rdd_out)
     over_connect, log = _results(connect, connect_out)
     # The client was a Connect-only one, and the jobs ran over Connect.
     assert over_connect.pop('remote_only') is True
@@ -62,16 +69,18 @@ def test_connect_engine_computes_what_the_rdd_engine_does(tmp_path):
     assert on_rdd['grouped'] == on_rdd['lifted'] and len(on_rdd['grouped']) == 13
     assert "('k99', 1)" in on_rdd['counted']
     assert on_rdd['listed'] == ['a:2000', 'b:2000', 'c:2000']
+    totals = [line for line in on_rdd['dataframe']
+              if not line.startswith('region')]  # (a header per shard)
+    assert sorted(totals) == [
+        f'r{r},{sum(range(r, 300, 4))}' for r in range(4)], on_rdd['dataframe']
     # A cancel interrupts the Spark job under way (interruptTag): the
     # ten-minute task ends with it.
     assert cancelled['state'] == 'CANCELLED', cancelled
     assert cancelled['secs'] < 60, cancelled
     _check_partition_values(server.url)
   finally:
-    if rdd.poll() is None:
-      rdd.kill()
-    if server is not None:
-      server.stop()
+    if connect is not None and connect.poll() is None:
+      connect.kill()
 
 
 def _check_partition_values(url: str) -> None:
@@ -106,3 +115,32 @@ def test_streaming_over_connect_is_refused_at_submission(tmp_path):
   error = results['streaming']
   assert 'do not run over Spark Connect' in error, error
   assert 'foreachBatch' in error and '--spark_remote' in error, error
+
+
+def test_engine_choice_follows_pyspark(monkeypatch):
+  """--spark_remote, else SPARK_REMOTE, else PySpark's Connect mode picks
+  the Connect engine for batch; nothing of it, the RDD engine; streaming
+  over Connect is refused with the reason (engine.check_engine)."""
+  import apache_beam as beam
+  import pytest
+  from beam_pyspark import engine
+  from beam_pyspark.errors import UnsupportedPipelineError
+  from beam_pyspark.options import RunnerOptions
+  p = beam.Pipeline()
+  _ = p | beam.Create([1])
+  proto = p.to_runner_api()
+  for name in ('SPARK_REMOTE', 'SPARK_CONNECT_MODE_ENABLED'):
+    monkeypatch.delenv(name, raising=False)
+  assert engine.check_engine(proto, RunnerOptions()) == engine.BATCH
+  assert engine.check_engine(
+      proto, RunnerOptions(remote='sc://h:15002')) == engine.CONNECT
+  monkeypatch.setenv('SPARK_REMOTE', 'sc://h:15002')
+  assert engine.check_engine(proto, RunnerOptions()) == engine.CONNECT
+  monkeypatch.delenv('SPARK_REMOTE')
+  monkeypatch.setenv('SPARK_CONNECT_MODE_ENABLED', '1')
+  assert engine.check_engine(proto, RunnerOptions()) == engine.CONNECT
+  with pytest.raises(UnsupportedPipelineError, match='foreachBatch'):
+    engine.check_engine(proto, RunnerOptions(streaming=True))
+  # A drained job is batch, so it runs over Connect.
+  assert engine.check_engine(
+      proto, RunnerOptions(streaming=True, drain=True)) == engine.CONNECT

@@ -112,6 +112,7 @@ class ConnectPipelineJob(StageTranslator):
     self._lock = threading.Lock()
     self._succeeded = False
     self._shipment = None
+    self._tasks = TaskProgress()
     self._ctx = tasks.ConnectTaskContext(
         job_id=job_id,
         components=plan.components,
@@ -128,11 +129,15 @@ class ConnectPipelineJob(StageTranslator):
   def run(self) -> None:
     self.spark.addTag(self.tag)
     previous = self._arrow_batch_rows()
+    with contextlib.suppress(Exception):
+      self.spark.registerProgressHandler(self._tasks)
     try:
       self._ship_dependencies()
       self._execute()
       self._succeeded = True
     finally:
+      with contextlib.suppress(Exception):
+        self.spark.removeProgressHandler(self._tasks)
       self._arrow_batch_rows(previous)
       self.spark.removeTag(self.tag)
       self._close()
@@ -150,8 +155,12 @@ class ConnectPipelineJob(StageTranslator):
     return f'Spark Connect {self.options.remote or "session"}'
 
   def progress(self) -> dict:
+    """Spark tasks of the job's operations (the session's progress
+    reports), and per fused stage the tasks that reported so far."""
+    progress = self._tasks.snapshot()
     with self._lock:
-      return {'beam_stages': self._metrics.tasks_done()}
+      progress['beam_stages'] = self._metrics.tasks_done()
+    return progress
 
   # -- the job --------------------------------------------------------------
 
@@ -269,6 +278,34 @@ class ConnectPipelineJob(StageTranslator):
           importance, text = forwarded(level, text)
           self.log(text, importance)
     return kept
+
+
+class TaskProgress:
+  """A Connect session's progress handler (``registerProgressHandler``):
+  the Spark tasks of each operation's stages, summed over operations.
+  (The session's handlers hear every operation of the client: jobs sharing
+  one session count each other's tasks.)"""
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._stages: dict = {}  # (operation, stage) -> (tasks, completed)
+    self._inflight: dict = {}  # operation -> tasks running
+
+  def __call__(self, stages, inflight_tasks, operation_id, done) -> None:
+    with self._lock:
+      for stage in stages or ():
+        self._stages[(operation_id, stage.stage_id)] = (
+            stage.num_tasks, stage.num_completed_tasks)
+      self._inflight[operation_id] = 0 if done else inflight_tasks
+
+  def snapshot(self) -> dict:
+    with self._lock:
+      total = sum(t for t, _ in self._stages.values())
+      finished = sum(c for _, c in self._stages.values())
+      active = sum(self._inflight.values())
+    if not total:
+      return {}
+    return {'tasks_total': total, 'tasks_done': finished,
+            'tasks_active': active}
 
 
 def _loopback(spark) -> bool:

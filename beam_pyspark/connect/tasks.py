@@ -159,15 +159,21 @@ class ArrowStage:
 
   ``keyed``: the input's rows are single elements a stateful stage reads
   (``ArrowKey``), packed into chunks per input here.
+  ``group``: (input transform id, GroupSpec, budget, paged, compact): the
+  input's rows are a GroupByKey's shuffled record chunks, grouped here
+  first (spark.tasks.GroupValues), in the task that consumes them as the
+  RDD engine's reduce side and stage share a task: no hop through the
+  JVM between them, and a large group's values may be paged.
   """
   def __init__(self, ctx: ConnectTaskContext, stage, side, group_outputs,
-               fast=None, keyed: bool = False):
+               fast=None, keyed: bool = False, group=None):
     self.ctx = ctx
     self.stage = stage
     self.side = side
     self.group_outputs = group_outputs
     self.fast = fast
     self.keyed = keyed
+    self.group = group
 
   def __call__(self, arrow_batches):
     from beam_pyspark.spark import tasks
@@ -176,6 +182,11 @@ class ArrowStage:
     records = read_rows(arrow_batches, passed)
     if self.keyed:
       records = _packed(records)
+    if self.group is not None:
+      tag, spec, budget, paged, compact = self.group
+      chunks = (chunk for _, chunk in records)
+      records = ((tag, chunk) for chunk in tasks.GroupValues(
+          ctx, spec, budget, paged, compact)(chunks))
     run = tasks.RunStage(ctx, self.stage, self.side, self.group_outputs,
                          fast=self.fast)
     groups = {t: parts for t, (_, parts, _) in self.group_outputs.items()}

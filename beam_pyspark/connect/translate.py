@@ -78,7 +78,11 @@ class StageTranslator:
 
   def _sdk_stage(self, stage: StagePlan):
     inputs, keyed = [], []
+    group = self._fused_group(stage)
     for transform_id, buffer_id in stage.inputs.items():
+      if group is not None:
+        inputs.append(self._shuffled(buffer_id))
+        break
       df = self._buffer(buffer_id)
       if stage.stateful and buffer_id != IMPULSE_BUFFER:
         keyed.append(df.mapInArrow(tasks.ArrowKey(
@@ -101,7 +105,7 @@ class StageTranslator:
     }
     run = tasks.ArrowStage(self._ctx, stage, side, group_outputs,
                            fast=self._fast.get(stage.name),
-                           keyed=bool(keyed))
+                           keyed=bool(keyed), group=group)
     out = self._union(inputs).mapInArrow(run, tasks.ROWS)
     self._register_outputs(stage, out)
     return out
@@ -178,6 +182,30 @@ class StageTranslator:
       self._producer_frames.setdefault(buffer_id, []).append(
           out.filter(f.col('tag').isin(transform_id, tasks.REPORT)))
 
+  def _fused_group(self, stage: StagePlan):
+    """For a stage that is the one reader of a GroupByKey and reads
+    nothing else: what its tasks group before they run it (ArrowStage's
+    ``group``). Else None: the group is a DataFrame of its own."""
+    if stage.stateful or len(stage.inputs) != 1:
+      return None
+    (transform_id, buffer_id), = stage.inputs.items()
+    if (buffer_id not in self.plan.groups or
+        buffer_id in self._side_buffer_ids or
+        len(self._consumers.get(buffer_id, ())) != 1):
+      return None
+    return (transform_id, self.plan.groups[buffer_id], self._group_budget,
+            bool(stage.state_backed_iterables), self._compact(buffer_id))
+
+  def _shuffled(self, buffer_id: bytes):
+    """A GroupByKey's producers' record chunks, each in the reduce
+    partition it was packed for."""
+    producers = self._producer_frames.get(buffer_id, [])
+    if not producers and buffer_id in self._producers:
+      raise RuntimeError(
+          f'buffer {buffer_id!r} is read before the stage that writes '
+          'it was translated: the plan is not in producer order')
+    return self._union(producers).repartition(self._parallelism, 'part')
+
   # -- buffers --------------------------------------------------------------
 
   def _buffer(self, buffer_id: bytes):
@@ -186,21 +214,18 @@ class StageTranslator:
       return df
     if buffer_id == IMPULSE_BUFFER:
       df = self._rows([('', None, ENCODED_IMPULSE_VALUE)])
+    elif tr.split_buffer_id(buffer_id)[0] == 'group':
+      df = self._shuffled(buffer_id).mapInArrow(
+          tasks.ArrowGroup(self._ctx, self.plan.groups[buffer_id],
+                           self._group_budget, self._compact(buffer_id)),
+          tasks.ROWS)
     else:
       producers = self._producer_frames.get(buffer_id, [])
       if not producers and buffer_id in self._producers:
         raise RuntimeError(
             f'buffer {buffer_id!r} is read before the stage that writes '
             'it was translated: the plan is not in producer order')
-      source = self._union(producers)
-      kind, _ = tr.split_buffer_id(buffer_id)
-      if kind == 'group':
-        spec = self.plan.groups[buffer_id]
-        df = source.repartition(self._parallelism, 'part').mapInArrow(
-            tasks.ArrowGroup(self._ctx, spec, self._group_budget,
-                             self._compact(buffer_id)), tasks.ROWS)
-      else:
-        df = source
+      df = self._union(producers)
     self._buffer_frames[buffer_id] = df
     return df
 
