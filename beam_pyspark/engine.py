@@ -137,12 +137,20 @@ def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,
 
 # 'module:function'; function(master, conf): the engines' shared start-up
 # done ahead of the first job (a job server calls it when it starts).
+CONNECT_WARM_UP = 'beam_pyspark.connect.engine:warm_up'
 WARM_UP = 'beam_pyspark.spark.sources:warm_up_spark'
 
 
-def warm_up(master: str, conf: Optional[dict] = None) -> None:
+def warm_up(master: str, conf: Optional[dict] = None,
+            remote: Optional[str] = None) -> None:
   """Starts what the first job would wait for (Spark, its SQL session,
-  the streaming source): a job server does this in the background."""
+  the streaming source; over Spark Connect, the session): a job server
+  does this in the background."""
+  from beam_pyspark.connect.session import remote_url
+  if remote_url(remote) is not None:
+    module_name, function = CONNECT_WARM_UP.split(':')
+    getattr(importlib.import_module(module_name), function)(remote)
+    return
   module_name, function = WARM_UP.split(':')
   getattr(importlib.import_module(module_name), function)(master, conf)
 

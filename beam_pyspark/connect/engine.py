@@ -64,6 +64,12 @@ def create_connect_engine(plan: ExecutionPlan, job_id: str,
   return ConnectPipelineJob(spark, plan, job_id, options, log)
 
 
+def warm_up(remote: Optional[str]) -> None:
+  """The Connect session made, and the server's parallelism asked
+  (engine.warm_up: a job server does this at start)."""
+  default_parallelism(connect_session(remote))
+
+
 def default_parallelism(spark) -> int:
   """The server's default parallelism: the partitions of a ``range``."""
   key = spark.session_id

@@ -255,7 +255,8 @@ class JobServer:
     from beam_pyspark.engine import warm_up  # pylint: disable=import-outside-toplevel
     started = time.monotonic()
     try:
-      warm_up(self.config.spark_master_url, self.config.spark_conf)
+      warm_up(self.config.spark_master_url, self.config.spark_conf,
+              self.config.spark_remote)
     except Exception as exn:  # pylint: disable=broad-except
       _LOGGER.warning('Could not start Spark ahead of the first job (%s); '
                       'the first job starts it.', exn)
