@@ -213,7 +213,9 @@ def client_log():
 # made by scripts/scope-durations.py). pytest-xdist's own reorder puts the
 # scopes with the most tests first, and so the Java ValidatesRunner suite
 # (one pytest test of ~15 minutes) last, alone at the end while the other
-# worker idles. A scope not in the file counts as a minute; tests keep
+# worker idles (the file: a run at load 30-50 on 2026-11-26; the Java
+# suite, run last at load 3, weighted as the others. Only the order
+# matters). A scope not in the file counts as a minute; tests keep
 # their order within a scope. In one process (no xdist) the order is
 # pytest's, so module fixtures are set up once.
 _DURATIONS = os.path.join(os.path.dirname(__file__), 'scope_durations.json')
