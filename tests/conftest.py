@@ -234,3 +234,19 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
   def scope(item):  # as pytest-xdist's LoadScopeScheduling._split_scope
     return item.nodeid.rsplit('::', 1)[0]
   items.sort(key=lambda item: -seconds.get(scope(item), _UNKNOWN_SCOPE_SECS))
+
+
+
+def pytest_unconfigure(config):
+  """The failed tests' names once more, as the very last lines: CI shows
+  the end of a long output, and pytest's summary of failures comes before
+  its list of skips and the final count."""
+  reporter = config.pluginmanager.get_plugin('terminalreporter')
+  if reporter is None:
+    return
+  failed = [r.nodeid for kind in ('failed', 'error')
+            for r in reporter.stats.get(kind, [])]
+  if failed:
+    reporter.write_sep('=', f'{len(set(failed))} failed or in error')
+    for nodeid in dict.fromkeys(failed):
+      reporter.write_line(f'FAILED {nodeid}')
