@@ -16,6 +16,7 @@ task. Which harness runs the stage is the harness cache's business
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 import traceback
@@ -130,6 +131,8 @@ class StageRunner:
     self._harness: Optional[harnesses.Harness] = None
     self._metrics: list[metrics_pb2.MonitoringInfo] = []
     self._bundles = 0
+    # Batch: no timers carried in, none due by clocks, no endpoints.
+    self._batch = timers is None and clocks is None and limits is None
     self._timers = timers if timers is not None else TimerTable(
         {(t.transform_id, t.family_id): t.time_domain for t in stage.timers})
     self._clocks = clocks
@@ -146,6 +149,16 @@ class StageRunner:
 
   def run(self, inputs: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
     """Yields (output transform id, encoded chunk) for every DATA_OUTPUT."""
+    if self._batch:
+      # A batch task with no input runs no bundle: no harness for it (a
+      # reduce partition no key went to).
+      inputs = iter(inputs)
+      first = next(inputs, None)
+      if first is None:
+        if self.on_finish is not None:
+          self.on_finish(TaskResult([], 0))
+        return
+      inputs = itertools.chain([first], inputs)
     h = self._acquire_harness()
     self._harness = h
     self._descriptor = h.descriptor_for(self.stage.name, self.stage.descriptor)
