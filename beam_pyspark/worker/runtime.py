@@ -14,6 +14,7 @@ from apache_beam.utils.timestamp import Duration
 
 from beam_pyspark.planning.sdks import normalized_trigger
 from beam_pyspark.planning.sdks import python_knows_window_fn
+from beam_pyspark.worker.shuffle import paging
 
 _MAX_JOBS = 8
 _lock = threading.Lock()
@@ -27,7 +28,11 @@ class JobRuntime:
     self.components = beam_runner_api_pb2.Components.FromString(components)
     for ws in self.components.windowing_strategies.values():
       ws.trigger.CopyFrom(normalized_trigger(ws.trigger))
-    self.context = pipeline_context.PipelineContext(self.components)
+    # A state-backed iterable (a large group's values) decodes with its
+    # tail read from this worker's pages (worker.shuffle.paging), as the
+    # fast path reads a GroupByKey's output.
+    self.context = pipeline_context.PipelineContext(
+        self.components, iterable_state_read=paging.read_paged_values)
     self._impls: dict[str, object] = {}
     self._windowings: dict[str, object] = {}
 

@@ -24,7 +24,9 @@ import uuid
 from typing import Iterable
 from typing import Optional
 
+from apache_beam.coders import coder_impl
 from apache_beam.coders import coders
+from apache_beam.coders.coder_impl import create_InputStream
 
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.elements import pack
@@ -108,6 +110,40 @@ def read_page(token: bytes, continuation: Optional[bytes]) -> tuple[bytes, Optio
     data = f.read(length)
   more = index + 1 < len(store.pages)
   return data, (str(index + 1).encode('ascii') if more else None)
+
+
+class PagedValues:
+  """A group's values past its inline part, decoded from their pages as
+  they are iterated, from the first page again on every iteration (as the
+  harness's state-backed iterable re-reads them over the state API)."""
+  def __init__(self, token: bytes, element_impl):
+    self._token = token
+    self._impl = element_impl
+
+  def __iter__(self):
+    decode = self._impl.decode_from_stream
+    continuation = None
+    while True:
+      data, continuation = read_page(self._token, continuation)
+      stream = create_InputStream(data)
+      while stream.size() > 0:
+        yield decode(stream, True)
+      if not continuation:
+        return
+
+  def __reduce__(self):
+    return list, (list(self), )
+
+
+coder_impl.FastPrimitivesCoderImpl.register_iterable_like_type(PagedValues)
+
+
+def read_paged_values(token: bytes, element_impl):
+  """A PipelineContext's ``iterable_state_read``: a state-backed
+  iterable's tail, where this Python worker holds its pages."""
+  if not is_paged_token(token):
+    raise ValueError(f'State token {token!r} names no pages of this runner')
+  return PagedValues(token, element_impl)
 
 
 def is_paged_token(token: bytes) -> bool:
