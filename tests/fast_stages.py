@@ -32,7 +32,8 @@ from conftest import spark_options
 
 class Planned:
   """The one fast-path stage of a pipeline (the one whose name has
-  ``label``), run on either side.
+  ``label``; else the one not on a GroupByKey's reduce side), run on
+  either side.
 
   ``sides``: the elements of each side input the stage reads, by tag;
   ``inputs``: its input elements, where it reads another stage's output;
@@ -48,7 +49,9 @@ class Planned:
     self.runtime = JobRuntime(self.job_id, self.plan.components)
     self.bundle_bytes = bundle_bytes
     chosen, self.note = fastpath.choose(self.plan.stages, self.runtime)
-    names = [n for n in chosen if label is None or label in n]
+    # (Without a label: the one stage not reading a GroupByKey's output.)
+    names = [n for n in chosen if label in n] if label is not None else [
+        n for n in chosen if not chosen[n].grouped]
     assert len(names) == 1, (label, list(chosen), self.note)
     (self.stage, ) = [s for s in self.plan.stages if s.name == names[0]]
     self.spec = chosen[names[0]]

@@ -54,6 +54,9 @@ from beam_pyspark.planning.validate import concrete_environment
 
 PAR_DO_URN = common_urns.primitives.PAR_DO.urn
 PRECOMBINE_URN = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+MERGE_URN = (
+    common_urns.combine_components.COMBINE_PER_KEY_MERGE_ACCUMULATORS.urn)
+EXTRACT_URN = common_urns.combine_components.COMBINE_PER_KEY_EXTRACT_OUTPUTS.urn
 WINDOWED_VALUE_CODER_URN = common_urns.coders.WINDOWED_VALUE.urn
 
 WINDOW_INTO_URN = common_urns.primitives.ASSIGN_WINDOWS.urn
@@ -61,6 +64,10 @@ GLOBAL_WINDOWS_URN = common_urns.global_windows.urn
 
 PARDO = 'pardo'
 PRECOMBINE = 'precombine'
+# A lifted combine's reduce side: (key, accumulators) -> (key, merged), and
+# (key, accumulator) -> (key, output) (Beam's CombineOperation phases).
+MERGE = 'merge'
+EXTRACT = 'extract'
 GLOBAL_WINDOW = 'global_window'  # WindowInto(GlobalWindows()) in global
 ASSIGN_WINDOWS = 'assign_windows'  # WindowInto of another WindowFn
 FLATTEN = 'flatten'  # a Flatten inside the stage (sink_flattens' transcoding)
@@ -87,7 +94,8 @@ class Step:
   """One transform of the tree."""
   transform_id: str
   name: str  # the transform's unique name, as errors and metrics name it
-  kind: str  # PARDO, PRECOMBINE, GLOBAL_WINDOW or ASSIGN_WINDOWS
+  kind: str  # PARDO, PRECOMBINE, MERGE, EXTRACT, GLOBAL_WINDOW or
+             # ASSIGN_WINDOWS
   payload: bytes  # the pickled DoFnInfo, the CombinePayload, or the
                   # WindowingStrategy
   input_pcoll: str
@@ -157,6 +165,10 @@ class FastPath:
   # Whether any PCollection of the tree has windowing other than the
   # default global one.
   windowed: bool = False
+  # Whether the input is a GroupByKey's output (key, values): the task
+  # grouped it, a large group's values beyond the inline part in pages
+  # (worker.shuffle.paging), read again on every iteration.
+  grouped: bool = False
 
   @property
   def output_ids(self) -> list[str]:
@@ -171,13 +183,16 @@ class FastPath:
 
 
 def examine(stage: StagePlan, components: beam_runner_api_pb2.Components,
-            max_steps: Optional[int] = None) -> Union[FastPath, str]:
+            max_steps: Optional[int] = None,
+            reduce_side: bool = True) -> Union[FastPath, str]:
   """The stage's tree if its protos allow the fast path, else why not.
 
   The whole stage if the loop can run all of it; else the chain of steps
   up to the first transform it cannot run, or that has several consumers
   or outputs (then the harness runs the rest of the stage,
   ``FastPath.rest_stage``), or up to ``max_steps`` ParDos.
+  ``reduce_side``: whether a stage reading a GroupByKey's output may take
+  the fast path.
   """
   if stage.kind != 'sdk':
     return f'a {stage.kind} stage'
@@ -197,10 +212,10 @@ def examine(stage: StagePlan, components: beam_runner_api_pb2.Components,
     for pcoll in t.inputs.values():
       consumers.setdefault(pcoll, []).append(transform_id)
   (input_id, buffer_id), = stage.inputs.items()
-  if (buffer_id != IMPULSE_BUFFER and
-      tr.split_buffer_id(buffer_id)[0] == 'group'):
-    return ('it reads a GroupByKey\'s output, whose large groups come in '
-            'pages over the state API')
+  grouped = (buffer_id != IMPULSE_BUFFER and
+             tr.split_buffer_id(buffer_id)[0] == 'group')
+  if grouped and not reduce_side:
+    return 'it reads a GroupByKey\'s output (the reduce side is off)'
   input_pcoll = _only(transforms[input_id].outputs)
   if not _non_merging(components, input_pcoll):
     return f'{input_pcoll!r} is in merging windows'
@@ -255,7 +270,8 @@ def examine(stage: StagePlan, components: beam_runner_api_pb2.Components,
       boundary_pcoll=boundary,
       rest_stage=rest_stage,
       rest_why=why,
-      windowed=windowed)
+      windowed=windowed,
+      grouped=grouped)
 
 
 def _tree(start: str, consumers, transforms, components
@@ -329,7 +345,8 @@ def _chain(start: str, consumers, transforms, components,
 def _step(transform_id: str, t: beam_runner_api_pb2.PTransform,
           components) -> Step:
   kind = {PRECOMBINE_URN: PRECOMBINE, WINDOW_INTO_URN: ASSIGN_WINDOWS,
-          FLATTEN_URN: FLATTEN}.get(t.spec.urn, PARDO)
+          FLATTEN_URN: FLATTEN, MERGE_URN: MERGE,
+          EXTRACT_URN: EXTRACT}.get(t.spec.urn, PARDO)
   payload = t.spec.payload
   side_inputs = ()
   main_input = [p for tag, p in t.inputs.items()]
@@ -397,6 +414,11 @@ def _why_not(t: beam_runner_api_pb2.PTransform, consumers, transforms,
     ws = _windowing(components, _only(t.inputs))
     if ws.output_time != beam_runner_api_pb2.OutputTime.END_OF_WINDOW:
       return f'the combine {name} combines timestamps'
+    return ''
+  if t.spec.urn in (MERGE_URN, EXTRACT_URN):
+    combine = beam_runner_api_pb2.CombinePayload.FromString(t.spec.payload)
+    if combine.combine_fn.urn != python_urns.PICKLED_COMBINE_FN:
+      return f'the combine {name} is not a pickled Python CombineFn'
     return ''
   if t.spec.urn == FLATTEN_URN:
     if len(t.outputs) != 1 or len(set(t.inputs.values())) != len(t.inputs):

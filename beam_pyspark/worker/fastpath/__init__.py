@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 from typing import Callable
 from typing import Iterable
 from typing import Iterator
@@ -71,6 +72,10 @@ _LOGGER = logging.getLogger(__name__)
 # harness: a read's splits always fit; encoded elements up to this much.
 REPLAY_BYTES = 64 << 20
 
+# Whether stages reading a GroupByKey's output take the fast path too
+# (BEAM_PYSPARK_FAST_REDUCE=0 on the driver leaves them to the harness).
+REDUCE_SIDE = os.environ.get('BEAM_PYSPARK_FAST_REDUCE', '1') != '0'
+
 # Types checked once: not a WindowedValue, TimestampedValue or TaggedOutput.
 _PLAIN: set = {str, bytes, int, float, bool, tuple, list, dict, type(None)}
 
@@ -84,17 +89,29 @@ def _special_record(x) -> bool:
 
 class _Input:
   """The task's elements in bundles, cut where StageRunner cuts them:
-  after the record whose bytes bring the bundle to ``bundle_bytes``."""
-  def __init__(self, records: Iterable, impl, bundle_bytes: int):
+  after the record whose bytes bring the bundle to ``bundle_bytes``.
+  ``raw``: where each element starts is kept (``at``), so that the rest
+  of the input can be handed over as the bytes it came in (a group's
+  paged values stay pages)."""
+  def __init__(self, records: Iterable, impl, bundle_bytes: int,
+               raw: bool = False):
     self._records = iter(records)
     self._impl = impl
     self._bytes = bundle_bytes
     self._size = 0
     self._pending: Iterator = iter(())
+    self._raw = raw
+    self.at: tuple = (b'', 0)
 
   def _decode(self, data: bytes) -> Iterator:
     stream = create_InputStream(data)
     decode = self._impl.decode_from_stream
+    if self._raw:
+      total = len(data)
+      while stream.size() > 0:
+        self.at = (data, total - stream.size())
+        yield decode(stream, True)
+      return
     while stream.size() > 0:
       yield decode(stream, True)
 
@@ -119,6 +136,14 @@ class _Input:
         return
       self._size += len(record[1])
       self._pending = self._decode(record[1])
+
+  def rest_raw(self) -> Iterator[bytes]:
+    """``raw``: the bytes from the last element read on."""
+    data, start = self.at
+    if start < len(data):
+      yield data[start:] if start else data
+    for _, data in self._records:
+      yield data
 
   def rest(self) -> Iterator:
     """Every element not yet read."""
@@ -305,14 +330,17 @@ class FastStage:
 
   def _bundles(self, replay: Replay) -> Iterator:
     spec, runtime, instances = self.spec, self.runtime, self.instances
-    try:
-      instances.setup(lambda call: self._metrics.scope(self.tracker, None))
-    except Exception as exn:  # pylint: disable=broad-except
-      raise chains.Fallback(chains.UNCLEAN, None, None, exn) from exn
     self.input = source = _Input(
-        replay, runtime.coder_impl(spec.input_coder_id), self.bundle_bytes)
+        replay, runtime.coder_impl(spec.input_coder_id), self.bundle_bytes,
+        raw=spec.grouped)
     read = bool(spec.read_pcoll)
     while source.next_bundle():
+      # Set up with the first bundle (an empty partition, as a reduce
+      # partition no key went to, sets up nothing, as on the harness).
+      try:
+        instances.setup(lambda call: self._metrics.scope(self.tracker, None))
+      except Exception as exn:  # pylint: disable=broad-except
+        raise chains.Fallback(chains.UNCLEAN, None, None, exn) from exn
       self._start_bundle()
       if read:
         for meta in source.elements():
@@ -384,14 +412,15 @@ def choose(stages: Iterable[StagePlan], runtime: JobRuntime
     if stage.kind != 'sdk':
       continue
     candidates += 1
-    spec = examine(stage, runtime.components)
+    spec = examine(stage, runtime.components, reduce_side=REDUCE_SIDE)
     while not isinstance(spec, str):
       try:
         chains.load(spec, runtime)
         break
       except chains.NotEligibleStep as exn:
         # The loop runs the steps before it; the harness the rest.
-        spec = (examine(stage, runtime.components, max_steps=exn.index)
+        spec = (examine(stage, runtime.components, max_steps=exn.index,
+                        reduce_side=REDUCE_SIDE)
                 if exn.index else str(exn))
         if not isinstance(spec, str):
           spec = dataclasses.replace(spec, rest_why=str(exn))

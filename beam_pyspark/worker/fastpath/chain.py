@@ -49,8 +49,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_pyspark.planning.fastpath import ASSIGN_WINDOWS
 from beam_pyspark.planning.fastpath import FLATTEN as FLATTEN_STEP
+from beam_pyspark.planning.fastpath import EXTRACT
 from beam_pyspark.planning.fastpath import GLOBAL_WINDOW
 from beam_pyspark.planning.fastpath import MAIN_TAG
+from beam_pyspark.planning.fastpath import MERGE
 from beam_pyspark.planning.fastpath import PARDO
 from beam_pyspark.planning.fastpath import FastPath
 from beam_pyspark.planning.fastpath import Step
@@ -194,6 +196,16 @@ def _load(step: Step, runtime) -> Call:
         beam_runner_api_pb2.WindowingStrategy.FromString(step.payload),
         context)
     return Call(step, ASSIGN, windowing=windowing)
+  if step.kind in (MERGE, EXTRACT):
+    # Beam's CombineOperation: (key, values) -> (key, phase(values)) in
+    # the element's windows; the CombineFn set up and torn down with it.
+    payload = beam_runner_api_pb2.CombinePayload.FromString(step.payload)
+    fn = core.CombineFn.from_runner_api(payload.combine_fn, context)
+    phase = (fn.merge_accumulators if step.kind == MERGE else
+             fn.extract_output)
+    return Call(step, MAP, fn=_phase(phase), combine=fn,
+                tags=(step.outputs[0][0], ),
+                window_fn=runtime.windowing(step.input_windowing).windowfn)
   if step.kind != PARDO:
     payload = beam_runner_api_pb2.CombinePayload.FromString(step.payload)
     fn = core.CombineFn.from_runner_api(payload.combine_fn, context)
@@ -295,6 +307,14 @@ def _unwrapped(dofn, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
 
 def _key_with_none(v):
   return None, v
+
+
+def _phase(apply: Callable) -> Callable:
+  """A combine phase on a (key, values) element."""
+  def phase(kv):
+    return kv[0], apply(kv[1])
+
+  return phase
 
 
 def _writer_process(dofn):

@@ -169,6 +169,11 @@ class Handover:
     takes over reads it: records of the read, or the stage's elements."""
     fast = self.fast
     spec, runtime = fast.spec, fast.runtime
+    if spec.grouped:
+      # Groups as they came: a large one's values stay in their pages.
+      for chunk in fast.input.rest_raw():
+        yield spec.input_id, chunk
+      return
     if not spec.read_pcoll:
       impl = runtime.coder_impl(spec.input_coder_id)
       rest = itertools.chain([fallback.meta], fast.input.rest())
