@@ -135,6 +135,22 @@ def test_a_large_group_comes_in_pages_and_iterates_twice():
   assert user[('ParDo(Summarize)', 'groups')] == 8
   # The loop's DoFn read the pages itself: no harness was made.
   assert stage.fell_back is None
+  # A fallback at a group hands the rest over as it came: the large
+  # group's page token, which the harness reads over the state API
+  # ('cold3', the last key met, is the first group out of the grouper).
+  handed = reduce_stage(
+      lambda p: p | beam.Create([('k', b'v')]) | beam.GroupByKey()
+      | beam.Map(tag_cold3)
+      | beam.ParDo(Summarize()) | beam.Reshuffle(),
+      values, paged=True, inline_bytes=100 << 10)
+  encoded, _, user, error = handed.compare(fallback=True)
+  assert handed.fell_back.kind == 'clean' and error is None
+  assert len(encoded) == 7 and user[('ParDo(Summarize)', 'groups')] == 7
+
+
+def tag_cold3(kv):
+  """A tagged output the harness drops (the Map declares no such tag)."""
+  return beam.pvalue.TaggedOutput('x', kv) if kv[0] == 'cold3' else kv
 
 
 class Stamped(beam.DoFn):
