@@ -4,10 +4,11 @@ Most of a WordCount's CPU goes to Beam's per-element machinery (operations,
 receivers, DoFn runners, windowed values), not to the user's functions
 (README, "Where the time goes"). A fused stage that starts with
 
-    a data input (the splits of a bounded read, read in the stage, or
-    encoded elements) -> a tree of ParDos (Map, FlatMap, Filter, MapTuple,
-    Partition, DoFns of the user's own...), WindowIntos of non-merging
-    WindowFns, and lifted combines' precombines
+    a data input (the splits of a bounded read, read in the stage,
+    encoded elements, or a GroupByKey's grouped output) -> a tree of
+    ParDos (Map, FlatMap, Filter, MapTuple, Partition, DoFns of the
+    user's own...), WindowIntos of non-merging WindowFns, lifted
+    combines' precombines and their MergeAccumulators and ExtractOutputs
     -> data outputs (GroupByKeys' shuffles, materialized buffers), or
     nothing (a ParDo run for its side effects)
 

@@ -14,6 +14,14 @@ element count per PCollection and the user's metrics per step
 and handed over as the plain values their views make (a dict for
 ``AsDict``, a list for ``AsList``...).
 
+A stage reading a GroupByKey's output decodes each grouped element as the
+harness does, from the chunks the task's grouping wrote: a key with its
+values in their windows, timestamp and pane; a large group's values past
+the inline part stay in the task's page file and are decoded from it on
+every iteration (``worker.shuffle.paging.PagedValues``), never held as a
+list. A lifted combine's MergeAccumulators and ExtractOutputs are calls of
+its CombineFn in the loop.
+
 A stage whose tree the loop cannot run whole runs its chain up to there
 and hands that PCollection's elements to the harness, which runs the
 rest of the stage in the same task (``FastPath.rest_stage``).
