@@ -9,9 +9,10 @@ job server is the Connect client, and runs as one with only
 java), no py4j or pyspark.core to import (tests/connect_client), and the
 class asserts it started no JVM.
 
-The whole class runs in CI: 79 tests, 410 s of one worker at load 30-40
-(the Connect server already started; 636 s before the engine stopped
-asking the server for a schema per stage and persisting side inputs). The
+The whole class runs in CI: 79 tests, 306 s of one worker at load 10-23
+and 410 s at load 30-40 (the Connect server already started; 636 s
+before the engine stopped asking the server for a schema per stage and
+persisting side inputs). The
 suite's streaming pipelines (a TestStream, PeriodicImpulse, an
 unbounded source) are refused at submission over Connect: those tests
 assert the refusal.
