@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from apache_beam.transforms.window import FixedWindows
+from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
 
 from beam_pyspark.worker.fastpath import chain as chains
@@ -65,6 +68,8 @@ def assign(call: Call) -> Callable:
   one window at a time."""
   windowing = call.windowing
   window_fn = windowing.windowfn if windowing is not None else None
+  if type(window_fn) is FixedWindows:  # pylint: disable=unidiomatic-typecheck
+    return _assign_fixed(window_fn)
 
   def assign(x, m):
     if window_fn is None:  # WindowInto(GlobalWindows()) from the global
@@ -76,6 +81,32 @@ def assign(call: Call) -> Callable:
     windows = window_fn.assign(
         window_fn.AssignContext(m.timestamp, element=x, window=m.windows[0]))
     return chains.WindowedValue(x, m.timestamp, windows)
+
+  return assign
+
+
+def _assign_fixed(window_fn: FixedWindows) -> Callable:
+  """Beam's ``FixedWindows.assign`` (start = t - (t - offset) % size) in
+  integer microseconds, each window built once for the run of elements in
+  it, rather than in ``Timestamp`` objects per element (a quarter of a
+  streaming count's CPU)."""
+  size, offset = window_fn.size.micros, window_fn.offset.micros
+  last = [None, None]  # the last window's start, and (that window,)
+
+  def assign(x, m):
+    if len(m.windows) != 1:
+      raise chains.SpecialOutput('an element in several windows')
+    t = m.timestamp_micros
+    start = t - (t - offset) % size
+    if start != last[0]:
+      last[1] = (IntervalWindow(Timestamp(micros=start),
+                                Timestamp(micros=start + size)), )
+      last[0] = start
+    if m.pane_info is PANE_INFO_UNKNOWN:  # as Beam's: a new WindowedValue
+      out = m.with_value(x)
+      out.windows = last[1]
+      return out
+    return chains.WindowedValue(x, m.timestamp, last[1])
 
   return assign
 
