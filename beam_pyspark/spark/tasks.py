@@ -466,6 +466,8 @@ class Transcode:
     self.out_coder_id = out_coder_id
 
   def __call__(self, chunks):
+    if self.in_coder_id == self.out_coder_id:  # the same bytes again
+      return chunks
     runtime = self.ctx.runtime()
     in_impl = runtime.coder_impl(self.in_coder_id)
     out_impl = runtime.coder_impl(self.out_coder_id)
