@@ -7,7 +7,10 @@ PYTEST_ARGS ?=
 # of the suite's time is spent waiting (job servers starting, PeriodicImpulse
 # and TestStream pipelines that run for their wall-clock seconds, killed
 # drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
-PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope
+# Longest modules first (tests/conftest.py, tests/module_durations.json),
+# not pytest-xdist's order by number of tests, which ran the one-test Java
+# ValidatesRunner module (~15 minutes) last, alone.
+PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
 .PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench clean
 

@@ -91,6 +91,12 @@ def _job_server_parser(sub) -> None:
                  '--environment_override comes first; Beam\'s own Java and Go '
                  'images boot with "python -m beam_pyspark.boot java|go" and '
                  'Python images run embedded unless one matches first.')
+  p.add_argument('--spark-warm-up', action=argparse.BooleanOptionalAction,
+                 default=True,
+                 help='Start Spark (its SQL session and the streaming '
+                 'source too) in the background when the server starts, so '
+                 'that the first job does not wait 10-30 s for it (default); '
+                 '--no-spark-warm-up starts it at the first job.')
   p.add_argument('--max-staging-buffer-bytes', type=int,
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
@@ -140,7 +146,8 @@ def main(argv=None) -> int:
             status_port=args.status_port,
             status_cancel=args.status_cancel,
             status_allowed_hosts=list(args.status_allowed_host),
-            environment_overrides=list(args.environment_override)))
+            environment_overrides=list(args.environment_override),
+            spark_warm_up=args.spark_warm_up))
   except ArtifactsDirInUseError as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1

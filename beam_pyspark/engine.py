@@ -117,6 +117,18 @@ def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,
       plan, job_id, options, log)
 
 
+# 'module:function'; function(master, conf): the engines' shared start-up
+# done ahead of the first job (a job server calls it when it starts).
+WARM_UP = 'beam_pyspark.spark.sources:warm_up_spark'
+
+
+def warm_up(master: str, conf: Optional[dict] = None) -> None:
+  """Starts what the first job would wait for (Spark, its SQL session,
+  the streaming source): a job server does this in the background."""
+  module_name, function = WARM_UP.split(':')
+  getattr(importlib.import_module(module_name), function)(master, conf)
+
+
 def last_committed(kind: str, location: Location) -> Optional[int]:
   """The last micro-batch an engine of ``kind`` committed to its
   checkpoint at ``location``: where a job started again there goes on

@@ -26,6 +26,12 @@ events a second). Printed: the medians of each phase, and the whole, for
 each of the two.
 Issue 31's target: an idle job's first micro-batch within 5 s of
 "Running job" on an idle machine.
+
+``--job-server`` measures the same for the first job a fresh job server
+runs, from the job's own messages ("Running job" to "Micro-batch 0"),
+with the server's default warm-up (Spark started at the server's start;
+the job submitted once it is done) and with ``--no-spark-warm-up`` (the
+job starts Spark), alternating, a fresh server each time.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 _CHILD = r'''
 import logging, os, sys, threading, time
@@ -116,13 +123,119 @@ def run_once(job: str, master: str, runs: int) -> list[dict]:
   return marks
 
 
+def _job_server(warm: bool, tmp: str):
+  """A fresh job server; returns (process, job endpoint, seconds until
+  its warm-up ended or None)."""
+  log_path = os.path.join(tmp, 'server.log')
+  log = open(log_path, 'wb')  # pylint: disable=consider-using-with
+  started = time.monotonic()
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'beam_pyspark.cli', 'job-server',
+       '--job-port', '0', '--artifact-port', '0', '--expansion-port', '-1',
+       '--status-port', '-1', '--artifacts-dir', os.path.join(tmp, 'art'),
+       '--spark-master-url', 'local[2]',
+       '--spark-warm-up' if warm else '--no-spark-warm-up'],
+      stdout=subprocess.PIPE, stderr=log, text=True)
+  endpoint = None
+  for line in proc.stdout:
+    if line.startswith('Job service listening on '):
+      endpoint = line.split()[-1]
+      break
+  if endpoint is None:
+    raise RuntimeError(f'job server exited ({proc.wait()})')
+  warmed = None
+  while warm and warmed is None:
+    with open(log_path, encoding='utf-8', errors='replace') as f:
+      text = f.read()
+    if 'warmed up for jobs' in text:
+      warmed = time.monotonic() - started
+    elif 'Could not start Spark' in text or proc.poll() is not None:
+      raise RuntimeError(f'warm-up failed:\n{text[-3000:]}')
+    elif time.monotonic() - started > 600:
+      raise RuntimeError('warm-up took more than 600 s')
+    else:
+      time.sleep(0.2)
+  return proc, endpoint, warmed
+
+
+def first_job_on_a_server(warm: bool) -> dict:
+  """Seconds from "Running job" to "Micro-batch 0" of an idle streaming
+  job, the first a fresh job server runs."""
+  import apache_beam as beam  # pylint: disable=import-outside-toplevel
+  import grpc  # pylint: disable=import-outside-toplevel
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=import-outside-toplevel
+  from apache_beam.portability.api import beam_job_api_pb2  # pylint: disable=import-outside-toplevel
+  from apache_beam.portability.api import beam_job_api_pb2_grpc  # pylint: disable=import-outside-toplevel
+  from apache_beam.transforms.periodicsequence import PeriodicImpulse  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory(prefix='bench-startup-server-') as tmp:
+    proc, endpoint, warmed = _job_server(warm, tmp)
+    try:
+      start = time.time()
+      p = beam.Pipeline(options=PipelineOptions([
+          '--runner=PortableRunner', f'--job_endpoint={endpoint}',
+          '--environment_type=beam:env:embedded_python:v1', '--streaming']))
+      _ = (p | PeriodicImpulse(start_timestamp=start,
+                               stop_timestamp=start + 7200,
+                               fire_interval=3600)
+           | beam.Map(lambda x: x))
+      result = p.run()
+      stub = beam_job_api_pb2_grpc.JobServiceStub(
+          grpc.insecure_channel(endpoint))
+      marks, texts = {}, []
+      for response in stub.GetMessageStream(
+          beam_job_api_pb2.JobMessagesRequest(job_id=result._job_id),  # pylint: disable=protected-access
+          timeout=600):
+        message = response.message_response
+        if not response.HasField('message_response'):
+          continue
+        millis = int(message.time) / 1000
+        texts.append(message.message_text)
+        if message.message_text.startswith('Running job'):
+          marks.setdefault('running', millis)
+        if message.message_text.startswith('Micro-batch 0:'):
+          marks['batch_0'] = millis
+          break
+      result.cancel()
+    finally:
+      proc.terminate()
+      try:
+        proc.wait(60)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+  if len(marks) < 2:
+    raise RuntimeError('no "Running job" and "Micro-batch 0" in the job\'s '
+                       'messages:\n' + '\n'.join(texts))
+  return {'warm_up': warmed, 'live': marks['batch_0'] - marks['running']}
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--master', default='local[2]')
   parser.add_argument('--jobs', default='idle,example')
+  parser.add_argument('--job-server', action='store_true',
+                      help='The first job of fresh job servers, with and '
+                      'without their warm-up, instead.')
   args = parser.parse_args(argv)
   print(f'load average at start: {os.getloadavg()[0]:.1f}')
+  if args.job_server:
+    runs = {True: [], False: []}
+    for _ in range(args.repeats):
+      for warm in (True, False):
+        runs[warm].append(first_job_on_a_server(warm))
+    for warm, label in ((True, 'warmed up at start (default)'),
+                        (False, '--no-spark-warm-up')):
+      live = [r['live'] for r in runs[warm]]
+      print(f'idle job, the first of a job server {label} '
+            f'({args.repeats} runs): Running job -> micro-batch 0 done '
+            f'median {statistics.median(live):.2f} s (min {min(live):.2f}, '
+            f'max {max(live):.2f})')
+      if warm:
+        ups = [r['warm_up'] for r in runs[warm]]
+        print(f'  the warm-up itself: median {statistics.median(ups):.1f} s '
+              'from the server\'s start')
+    print(f'load average at end: {os.getloadavg()[0]:.1f}')
+    return
   for job in args.jobs.split(','):
     fresh, again = [], []
     for _ in range(args.repeats):

@@ -26,7 +26,7 @@ class JobServerProcess:
   """Starts the CLI with free ports; ``stop()`` ends it (SIGTERM)."""
   def __init__(
       self, artifacts_dir, *extra_args: str, timeout: float = 120,
-      env: dict | None = None):
+      env: dict | None = None, spark_warm_up: bool = False):
     self.artifacts_dir = str(artifacts_dir)
     os.makedirs(self.artifacts_dir, exist_ok=True)
     self.log_path = os.path.join(
@@ -38,7 +38,12 @@ class JobServerProcess:
          '--job-port', '0', '--artifact-port', '0', '--expansion-port', '0',
          '--status-port', '0',
          '--artifacts-dir', self.artifacts_dir, '--spark-master-url',
-         'local[2]', *extra_args],
+         'local[2]',
+         # The server's default starts Spark at start: most tests' servers
+         # run a job or two, or none, and a JVM started for none costs CI
+         # time; the tests that run a job server's jobs right after its start
+         # keep the default (spark_warm_up=True).
+         *([] if spark_warm_up else ['--no-spark-warm-up']), *extra_args],
         stdout=subprocess.PIPE, stderr=self._log, text=True,
         env=None if env is None else {**os.environ, **env})
     self.pid = self.proc.pid

@@ -365,28 +365,32 @@ def test_killed_executor_and_python_worker_give_exact_output(
 # -- streaming ---------------------------------------------------------------
 
 
+@pytest.mark.parametrize('store', ['hdfs', 's3'])
 def test_streaming_job_with_a_killed_executor_equals_the_direct_runner(
-    cluster, tmp_path):
+    cluster, tmp_path, store):
   """An unbounded splittable read over many micro-batches into windows,
   state and Beam's file sink, on a real cluster: its query, keyed state
-  chains and checkpoint across executors, the checkpoint on HDFS as a
-  cluster's would be (a MiniDFSCluster on loopback: the executors' Python
-  workers write their state there through WebHDFS, Spark's JVM its query
-  checkpoint through Hadoop's client), and an executor killed in the
-  middle of a micro-batch. Spark retries the lost tasks elsewhere; the
-  output is exactly the DirectRunner's."""
+  chains and checkpoint across executors, the checkpoint on HDFS or S3 as
+  a cluster's would be (a MiniDFSCluster, or moto's S3 server, on
+  loopback: the executors' Python workers write their state there through
+  WebHDFS or S3's API; Spark's JVM its query checkpoint through Hadoop's
+  client on HDFS, on the driver's disk for S3, which Spark reaches only
+  through s3a), and an executor killed in the middle of a micro-batch.
+  Spark retries the lost tasks elsewhere; the output is exactly the
+  DirectRunner's."""
   from checkpoint_store_checks import location
   from storage_servers import MiniHdfs
-  hdfs = MiniHdfs(str(tmp_path / 'hdfs'))
+  from storage_servers import MotoS3
+  server = (MiniHdfs if store == 'hdfs' else MotoS3)(str(tmp_path / store))
   try:
-    _streaming_with_a_killed_executor(cluster, tmp_path, hdfs)
-    store = location(hdfs, 'checkpoint').store()
-    assert not store.isdir(''), 'a DONE job keeps no checkpoint'
+    _streaming_with_a_killed_executor(cluster, tmp_path, server)
+    checkpoint = location(server, 'checkpoint').store()
+    assert not checkpoint.isdir(''), 'a DONE job keeps no checkpoint'
   finally:
-    hdfs.stop()
+    server.stop()
 
 
-def _streaming_with_a_killed_executor(cluster, tmp_path, hdfs):
+def _streaming_with_a_killed_executor(cluster, tmp_path, server):
   import apache_beam as beam
   from apache_beam.options.pipeline_options import PipelineOptions
   import streaming_recovery_job as job
@@ -401,8 +405,8 @@ def _streaming_with_a_killed_executor(cluster, tmp_path, hdfs):
   log_path = str(tmp_path / 'streaming.log')
   proc = start_program(
       [os.path.join(HERE, 'streaming_recovery_job.py'), str(out),
-       hdfs.url('checkpoint'), '--source=sdf', f'--stall={markers}',
-       *hdfs.options] + runner_args(cluster)[1:], log_path)
+       server.url('checkpoint'), '--source=sdf', f'--stall={markers}',
+       *server.options] + runner_args(cluster)[1:], log_path)
   try:
     stalled = _wait_for_marker(str(markers / 'executor'), proc, log_path)
     _executor_of(stalled['pid']).kill()

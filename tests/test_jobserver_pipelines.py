@@ -22,8 +22,10 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 def server(tmp_path_factory):
   # The job's user modules (key_types) are importable by the server's
   # workers, as a user's installed package would be.
+  # Spark warmed up at start, as by default: the first job is submitted
+  # while the warm-up runs.
   s = JobServerProcess(tmp_path_factory.mktemp('jobserver'),
-                       env={'PYTHONPATH': TESTS})
+                       env={'PYTHONPATH': TESTS}, spark_warm_up=True)
   yield s
   s.stop()
 
@@ -62,3 +64,13 @@ def test_source_metrics_under_beams_step_names(server):
   assert counters.get(
       ('Read/SDFBoundedSourceReader/ParDo(SDFBoundedSourceDoFn)/Process',
        'recordsRead')) == 100, counters
+
+
+def test_the_server_started_spark_before_its_first_job(server):
+  """By default the job server starts Spark (its SQL session and the
+  streaming source too) when it starts, in the background; the jobs above
+  were submitted while it did, and ran on it."""
+  with open(server.log_path, encoding='utf-8', errors='replace') as f:
+    log = f.read()
+  assert 'Spark is started and warmed up for jobs' in log, log[-5000:]
+  assert 'Could not start Spark ahead' not in log

@@ -49,7 +49,9 @@ RESUMED = 'Resumed from its checkpoint after the job server restarted: '
 def _server(root):
   # The job's DoFns live in streaming_recovery_job: importable by the
   # server's workers, as a user's installed package would be.
-  return JobServerProcess(root, env={'PYTHONPATH': TESTS})
+  # Spark warmed up at start, as by default: the resumed job starts while
+  # the warm-up does (both ask for the one SparkContext).
+  return JobServerProcess(root, env={'PYTHONPATH': TESTS}, spark_warm_up=True)
 
 
 def _committed(checkpoint) -> list[int]:

@@ -113,7 +113,7 @@ def test_sigterm_cancels_a_running_job_and_says_so_after_a_restart(tmp_path):
   finally:
     first.stop()
   state, texts = _after_restart(root, job_id)
-  assert state == beam_job_api_pb2.JobState.CANCELLED
+  assert state == beam_job_api_pb2.JobState.CANCELLED, texts
   assert any('stopping (SIGTERM)' in t for t in texts), texts
 
 

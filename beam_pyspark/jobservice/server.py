@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from concurrent import futures
 from typing import Callable
 from typing import Optional
@@ -58,6 +59,9 @@ class JobServerConfig:
   status_allowed_hosts: list = dataclasses.field(default_factory=list)
   # IMAGE_GLOB=SPEC for Docker environments (planning.environments).
   environment_overrides: list = dataclasses.field(default_factory=list)
+  # Start Spark at start, in the background (its SQL session and the
+  # streaming source too), so that the first job does not wait for it.
+  spark_warm_up: bool = True
 
 
 def expansion_options():
@@ -222,6 +226,9 @@ class JobServer:
           self.config.fully_qualified_name_glob)
       self._name_filter.__enter__()
       self._expansion_server.start()
+    if self.config.spark_warm_up:
+      threading.Thread(target=self._warm_up_spark, daemon=True,
+                       name='beam-pyspark-warm-up').start()
     # Once serving: clients of the resumed jobs can follow them here.
     for job_id in self.service.resume_interrupted():
       _LOGGER.info('Resuming job %s from its checkpoint', job_id)
@@ -235,6 +242,23 @@ class JobServer:
 
   status_url: Optional[str] = None
   _status = None
+
+  def _warm_up_spark(self) -> None:
+    """Spark started and warmed up before the first job asks: a streaming
+    job's first micro-batch otherwise waits for Spark's JVM and its SQL
+    machinery, 10-30 s of a fresh process (benchmarks/streaming_startup.py).
+    Failing here costs nothing: the first job starts Spark itself and
+    reports why it cannot."""
+    from beam_pyspark.engine import warm_up  # pylint: disable=import-outside-toplevel
+    started = time.monotonic()
+    try:
+      warm_up(self.config.spark_master_url, self.config.spark_conf)
+    except Exception as exn:  # pylint: disable=broad-except
+      _LOGGER.warning('Could not start Spark ahead of the first job (%s); '
+                      'the first job starts it.', exn)
+      return
+    _LOGGER.info('Spark is started and warmed up for jobs (%.1f s)',
+                 time.monotonic() - started)
 
   def _start_status_page(self) -> None:
     """The status page, if asked for; a port in use costs the page, not
