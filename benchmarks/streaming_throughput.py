@@ -354,12 +354,20 @@ def main(argv=None) -> None:
         python = (args.flink_python if variant == 'pyflink' else
                   sys.executable)
         started = time.monotonic()
-        try:
-          stats = run_once(variant, rate, args.seconds, args.lead,
-                           args.master, python, args.ours_flag)
-          row = summarize(stats, rate, args.seconds, args.warmup, variant)
-        except RuntimeError as exn:
-          row = {'error': str(exn)[-400:]}
+        for attempt in range(2):
+          try:
+            stats = run_once(variant, rate, args.seconds, args.lead,
+                             args.master, python, args.ours_flag)
+            row = summarize(stats, rate, args.seconds, args.warmup, variant)
+          except RuntimeError as exn:
+            row = {'error': str(exn)[-400:]}
+            # Spark waits 10 s at most for a Python process it starts (its
+            # streaming source's): on a loaded machine, once more.
+            if 'failed to connect back' in str(exn) and attempt == 0:
+              print(f'{variant} at {rate}/s: Spark\'s Python worker did '
+                    'not connect back in time; once more', flush=True)
+              continue
+          break
         row.update(variant=variant, rate=rate, repeat=repeat,
                    process_secs=time.monotonic() - started,
                    load=os.getloadavg()[0])
