@@ -275,6 +275,7 @@ def summarize(stats: dict, rate: float, seconds: float, warmup: float,
   else:  # from the first pane on (the sources start with the query)
     first = stats['start'] + warmup
     last = stats['start'] + seconds - 3  # the last windows may be cut off
+  every = panes
   panes = [(end, at, n) for end, at, n in panes if first < end <= last]
   if not panes:
     return {'error': 'no window ended after the warm-up'}
@@ -290,12 +291,14 @@ def summarize(stats: dict, rate: float, seconds: float, warmup: float,
   growing = (statistics.median(per_window[-third:]) >
              statistics.median(per_window[:third]) + 1.0)
   # The process tree's CPU from the first measured window's start to the
-  # last one's output.
+  # last one's output, over the events counted in the panes that arrived
+  # meanwhile (a run behind its rate emits older windows then).
   t0, t1 = ends[0] - 1, max(at for _, at, _ in panes)
   cpu = stats['cpu']
   c0 = _at(cpu, t0)
   c1 = _at(cpu, t1)
   cores = (c1 - c0) / (t1 - t0) if t1 > t0 else float('nan')
+  emitted = sum(n for _, at, n in every if t0 < at <= t1)
   summary = {
       'records_per_sec': counted / span,
       'offered_per_sec': rate,
@@ -305,7 +308,7 @@ def summarize(stats: dict, rate: float, seconds: float, warmup: float,
       'latency_p99': _quantile(latencies, 0.99),
       'windows': len(ends),
       'cores': cores,
-      'cpu_secs_per_million': cores * 1e6 / max(counted / span, 1),
+      'cpu_secs_per_million': (c1 - c0) * 1e6 / max(emitted, 1),
   }
   for key in ('batches', 'batch_min_ms', 'batch_mean_ms'):
     if key in stats:
