@@ -290,10 +290,11 @@ def summarize(stats: dict, rate: float, seconds: float, warmup: float,
   third = max(1, len(per_window) // 3)
   growing = (statistics.median(per_window[-third:]) >
              statistics.median(per_window[:third]) + 1.0)
-  # The process tree's CPU from the first measured window's start to the
-  # last one's output, over the events counted in the panes that arrived
-  # meanwhile (a run behind its rate emits older windows then).
-  t0, t1 = ends[0] - 1, max(at for _, at, _ in panes)
+  # The process tree's CPU from its first pane to its last, over the
+  # events of the panes that arrived after the first: what it took to
+  # count them once started, behind its rate or not.
+  arrivals = sorted({at for _, at, _ in every})
+  t0, t1 = arrivals[0], arrivals[-1]
   cpu = stats['cpu']
   c0 = _at(cpu, t0)
   c1 = _at(cpu, t1)
@@ -371,11 +372,14 @@ def main(argv=None) -> None:
                     'not connect back in time; once more', flush=True)
               continue
           break
+        if 'error' not in row:  # the raw data, for another summary
+          row['raw'] = {k: stats[k] for k in ('start', 'panes', 'cpu')}
         row.update(variant=variant, rate=rate, repeat=repeat,
                    process_secs=time.monotonic() - started,
                    load=os.getloadavg()[0])
         results.append(row)
-        print(json.dumps(row, sort_keys=True), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != 'raw'},
+                         sort_keys=True), flush=True)
   print()
   print('| offered/s | system | counted/s | kept up | p50 (s) | p99 (s) '
         '| cores | CPU s per M events | load |')
