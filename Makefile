@@ -7,12 +7,12 @@ PYTEST_ARGS ?=
 # of the suite's time is spent waiting (job servers starting, PeriodicImpulse
 # and TestStream pipelines that run for their wall-clock seconds, killed
 # drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
-# Longest modules first (tests/conftest.py, tests/module_durations.json),
+# Longest scopes first (tests/conftest.py, tests/scope_durations.json),
 # not pytest-xdist's order by number of tests, which ran the one-test Java
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -90,6 +90,19 @@ test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster
 BENCH_ARGS ?= --size-mb 10 --repeats 3
 bench: setup
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+
+# Kafka streaming, ours against hand-written PySpark Structured Streaming
+# with Spark's own Kafka source (README, Multi-language). Spark's connector
+# (spark-sql-kafka-0-10 for Scala 2.13: 4.2.0, the newest on Maven Central;
+# pyspark 4.3.0's is not served) is the benchmark's only: never the tests'.
+SPARK_KAFKA := sdks/xlang/spark-kafka/target/classpath.txt
+$(SPARK_KAFKA): sdks/xlang/spark-kafka/pom.xml
+	cd sdks/xlang/spark-kafka && mvn -B -q dependency:build-classpath \
+	  -Dmdep.outputFile=target/classpath.txt
+bench-kafka-jars: $(SPARK_KAFKA)
+KAFKA_BENCH_ARGS ?=
+bench-kafka: setup sdk-xlang bench-kafka-jars
+	$(VENV)/bin/python -m benchmarks.kafka_stream $(KAFKA_BENCH_ARGS)
 
 # Beam's Go SDK (the module proxy's github.com/apache/beam/sdks/v2, pinned
 # in sdks/go/go.mod): Go's wordcount and Beam's Go integration test

@@ -44,6 +44,9 @@ def _job_server_parser(sub) -> None:
                  help='Where staged artifacts and the job store live '
                  '(default ~/.beam-pyspark/artifacts).')
   p.add_argument('--spark-master-url', default='local[*]')
+  p.add_argument('--spark-remote', default=None, metavar='sc://HOST:PORT',
+                 help='Run every job over Spark Connect at this endpoint '
+                 '(batch only; docs/spark-connect.md).')
   p.add_argument('--spark-conf', action='append', default=[],
                  metavar='KEY=VALUE', help='A Spark setting; repeatable.')
   p.add_argument('--max-invocation-history', type=int, default=10,
@@ -135,6 +138,7 @@ def main(argv=None) -> int:
             expansion_port=args.expansion_port,
             artifacts_dir=args.artifacts_dir,
             spark_master_url=args.spark_master_url,
+            spark_remote=args.spark_remote,
             spark_conf=conf,
             max_invocation_history=args.max_invocation_history,
             max_preparations=args.max_preparations,

@@ -27,11 +27,14 @@ from beam_pyspark.storage import storage_options
 
 BATCH = 'batch'
 STREAMING = 'streaming'
+CONNECT = 'connect'
 
 # kind -> 'module:factory'; factory(plan, job_id, options, log) -> Engine.
 ENGINES: dict[str, str] = {
     BATCH: 'beam_pyspark.spark.translate:create_batch_engine',
     STREAMING: 'beam_pyspark.spark.streaming:create_streaming_engine',
+    # Batch over Spark Connect's DataFrame API (docs/spark-connect.md).
+    CONNECT: 'beam_pyspark.connect.engine:create_connect_engine',
 }
 
 # kind -> 'module:function' for kinds that checkpoint a job as it runs;
@@ -93,17 +96,32 @@ def engine_kind(pipeline: beam_runner_api_pb2.Pipeline,
   restrictions, so the job ends (Beam's FnApiRunner(is_drain) runs such
   pipelines to completion too).
   """
-  if options.drain:
-    return BATCH
-  if options.streaming or unbounded_pcollections(pipeline):
-    return STREAMING
-  return BATCH
+  streaming = not options.drain and bool(
+      options.streaming or unbounded_pcollections(pipeline))
+  if over_connect(options):
+    return STREAMING if streaming else CONNECT
+  return STREAMING if streaming else BATCH
+
+
+def over_connect(options: RunnerOptions) -> bool:
+  """Whether the job runs over Spark Connect: ``--spark_remote``, else
+  as PySpark decides (connect.session.remote_url; no Spark imported)."""
+  from beam_pyspark.connect.session import remote_url
+  return remote_url(options.remote) is not None
 
 
 def check_engine(pipeline: beam_runner_api_pb2.Pipeline,
                  options: RunnerOptions) -> str:
   """The engine kind that runs the job; an unknown kind is an error."""
   kind = engine_kind(pipeline, options)
+  if kind == STREAMING and over_connect(options):
+    raise UnsupportedPipelineError([
+        'Streaming pipelines (--streaming, an unbounded PCollection or a '
+        'TestStream) do not run over Spark Connect yet: the streaming '
+        'engine drives micro-batches through the SparkContext, which a '
+        'Connect client has not, and a Connect server runs foreachBatch '
+        'cut off from the runner. Run them with a SparkContext (no '
+        '--spark_remote, no SPARK_REMOTE; docs/spark-connect.md).'])
   if kind not in ENGINES:
     raise UnsupportedPipelineError(
         [f'No engine of kind {kind!r}; known: {sorted(ENGINES)}.'])
@@ -119,12 +137,20 @@ def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,
 
 # 'module:function'; function(master, conf): the engines' shared start-up
 # done ahead of the first job (a job server calls it when it starts).
+CONNECT_WARM_UP = 'beam_pyspark.connect.engine:warm_up'
 WARM_UP = 'beam_pyspark.spark.sources:warm_up_spark'
 
 
-def warm_up(master: str, conf: Optional[dict] = None) -> None:
+def warm_up(master: str, conf: Optional[dict] = None,
+            remote: Optional[str] = None) -> None:
   """Starts what the first job would wait for (Spark, its SQL session,
-  the streaming source): a job server does this in the background."""
+  the streaming source; over Spark Connect, the session): a job server
+  does this in the background."""
+  from beam_pyspark.connect.session import remote_url
+  if remote_url(remote) is not None:
+    module_name, function = CONNECT_WARM_UP.split(':')
+    getattr(importlib.import_module(module_name), function)(remote)
+    return
   module_name, function = WARM_UP.split(':')
   getattr(importlib.import_module(module_name), function)(master, conf)
 

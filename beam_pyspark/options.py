@@ -47,6 +47,13 @@ class PySparkRunnerOptions(PipelineOptions):
         help='A Spark setting passed to the SparkSession, e.g. '
         'spark.executor.memory=2g. Repeatable.')
     parser.add_argument(
+        '--spark_remote',
+        default=None,
+        metavar='sc://HOST:PORT',
+        help='Run the job over Spark Connect at this endpoint (the Connect '
+        'engine, docs/spark-connect.md), as SPARK_REMOTE or a Connect '
+        'session of the program would; batch only.')
+    parser.add_argument(
         '--spark_parallelism',
         type=int,
         default=None,
@@ -160,6 +167,9 @@ JOB_SERVER_IGNORES = {
     'spark_master_url':
         'the job server runs every job on its own Spark application; start '
         'the server with --spark-master-url to choose the master',
+    'spark_remote':
+        'the job server runs every job where it was started; start it with '
+        '--spark-remote sc://HOST:PORT to run its jobs over Spark Connect',
     'spark_conf':
         'Spark settings apply when a SparkContext starts, and the job '
         'server\'s is shared by all its jobs; start the server with '
@@ -242,6 +252,8 @@ def _read_budget(records: Optional[int], size: Optional[int],
 class RunnerOptions:
   """Everything the engine reads of a job's options, typed."""
   master: Optional[str] = None  # None: the active context, else local[*]
+  # A Spark Connect endpoint (sc://...): the Connect engine runs the job.
+  remote: Optional[str] = None
   conf: dict = dataclasses.field(default_factory=dict)
   parallelism: Optional[int] = None  # None: the context's parallelism
   # Plan the job drained (PySparkRunnerOptions.drain).
@@ -279,7 +291,8 @@ class RunnerOptions:
   @classmethod
   def from_job_options(
       cls, options: dict, master: Optional[str] = None,
-      conf: Optional[dict] = None) -> 'RunnerOptions':
+      conf: Optional[dict] = None,
+      remote: Optional[str] = None) -> 'RunnerOptions':
     """From a job's options as the Job API carries them (``beam:option:NAME:v1``
     keys). ``master`` and ``conf`` are the job server's own: per-job ones
     are ignored (``JOB_SERVER_IGNORES``). Raises ValueError for a bad value.
@@ -293,6 +306,7 @@ class RunnerOptions:
     split = opt('split_stragglers_after_secs')
     return cls(
         master=master,
+        remote=remote,
         conf=dict(conf or {}),
         parallelism=_optional_int(opt('spark_parallelism')),
         drain=_flag(opt('drain')),
@@ -327,6 +341,7 @@ class RunnerOptions:
     split = ours.split_stragglers_after_secs
     return cls(
         master=explicit.get('spark_master_url'),
+        remote=ours.spark_remote or None,
         conf=parse_conf(ours.spark_conf),
         parallelism=ours.spark_parallelism,
         drain=bool(ours.drain),

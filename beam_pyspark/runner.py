@@ -19,6 +19,7 @@ from apache_beam.runners.portability.fn_api_runner.fn_runner import (
 from apache_beam.transforms import environments
 
 from beam_pyspark import console
+from beam_pyspark.engine import over_connect
 from beam_pyspark.errors import InvalidOptionsError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.errors import user_exception
@@ -105,7 +106,8 @@ class PySparkRunner(runner.PipelineRunner):
       # Start Spark (it forks its JVM launcher) before the worker pool's
       # gRPC server runs: a fork under running gRPC threads can fail.
       runner_options = RunnerOptions.from_pipeline_options(options)
-      spark_context(runner_options.master, runner_options.conf)
+      if not over_connect(runner_options):  # (a Connect client forks none)
+        spark_context(runner_options.master, runner_options.conf)
       address, server = (
           worker_pool_main.BeamFnExternalWorkerPoolServicer.start(
               # The user-state cache, sized by the job's options as
@@ -203,8 +205,9 @@ def _progress_mode(options: RunnerOptions) -> str:
   # Spark's own console bar (a context the user started with it; ours
   # turn it off) would fight over the line. Spark makes that bar when its
   # context starts: it cannot be turned off for one job.
-  return console.AUTO if tty and not console_progress_bar(options.conf) else (
-      console.LOG)
+  return console.AUTO if tty and (
+      over_connect(options) or not console_progress_bar(options.conf)) else (
+          console.LOG)
 
 
 def _progress_reporter(mode: str, registry: JobRegistry,

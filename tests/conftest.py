@@ -204,28 +204,31 @@ def client_log():
     logger.setLevel(saved)
 
 
-# -- the order of modules: longest first ---------------------------------------
+# -- the order of scopes: longest first ----------------------------------------
 #
-# `make test` runs two pytest-xdist workers with --dist=loadscope (a module,
-# or a test class, to one worker at a time) and --no-loadscope-reorder, so
-# the modules go out in the order collected here: longest first, by the
-# seconds of a whole run (tests/module_durations.json, made by
-# scripts/module-durations.py). pytest-xdist's own reorder puts the scopes
-# with the most tests first, and so the Java ValidatesRunner suite (one
-# pytest test of ~15 minutes) last, alone at the end while the other
-# worker idles. A module not in the file counts as a minute. Tests keep
-# their order within a module.
-_DURATIONS = os.path.join(os.path.dirname(__file__), 'module_durations.json')
-_UNKNOWN_MODULE_SECS = 60
+# `make test` runs two pytest-xdist workers with --dist=loadscope (a test
+# class, or a module's test functions, to one worker at a time) and
+# --no-loadscope-reorder, so the scopes go out in the order collected here:
+# longest first, by the seconds of a whole run (tests/scope_durations.json,
+# made by scripts/scope-durations.py). pytest-xdist's own reorder puts the
+# scopes with the most tests first, and so the Java ValidatesRunner suite
+# (one pytest test of ~15 minutes) last, alone at the end while the other
+# worker idles. A scope not in the file counts as a minute; tests keep
+# their order within a scope. In one process (no xdist) the order is
+# pytest's, so module fixtures are set up once.
+_DURATIONS = os.path.join(os.path.dirname(__file__), 'scope_durations.json')
+_UNKNOWN_SCOPE_SECS = 60
 
 
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
   import json  # pylint: disable=import-outside-toplevel
+  if not os.environ.get('PYTEST_XDIST_WORKER'):
+    return
   try:
     with open(_DURATIONS, encoding='utf-8') as f:
       seconds = json.load(f)
   except (OSError, ValueError):
     return
-  def module(item):
-    return item.nodeid.split('::', 1)[0]
-  items.sort(key=lambda item: -seconds.get(module(item), _UNKNOWN_MODULE_SECS))
+  def scope(item):  # as pytest-xdist's LoadScopeScheduling._split_scope
+    return item.nodeid.rsplit('::', 1)[0]
+  items.sort(key=lambda item: -seconds.get(scope(item), _UNKNOWN_SCOPE_SECS))

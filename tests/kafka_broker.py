@@ -105,12 +105,58 @@ class KafkaBroker:
                   f'{proc.stderr.decode("utf-8", "replace")[-4000:]}')
     return out
 
-  def create_topic(self, name: str, partitions: int) -> None:
+  def create_topic(self, name: str, partitions: int, **config: str) -> None:
+    """``config``: topic configs, dots as underscores
+    (``message_timestamp_type='LogAppendTime'``)."""
+    configs = [a for k, v in config.items()
+               for a in ('--config', f'{k.replace("_", ".")}={v}')]
     self._run_tool([
         'org.apache.kafka.tools.TopicCommand', '--bootstrap-server',
         self.bootstrap, '--create', '--topic', name, '--partitions',
-        str(partitions), '--replication-factor', '1'
+        str(partitions), '--replication-factor', '1', *configs
     ], f'topic {name}')
+
+  def add_partitions(self, name: str, partitions: int) -> None:
+    """Grows the topic to ``partitions`` partitions."""
+    self._run_tool([
+        'org.apache.kafka.tools.TopicCommand', '--bootstrap-server',
+        self.bootstrap, '--alter', '--topic', name, '--partitions',
+        str(partitions)
+    ], f'alter {name}')
+
+  def producer(self, topic: str) -> subprocess.Popen:
+    """Kafka's console producer, running: each ``key\tvalue`` line
+    written to its stdin is a record (it sees a topic's new partitions
+    within a second)."""
+    return subprocess.Popen(
+        [java(), '-Xmx256m', '-XX:+UseSerialGC', '-XX:TieredStopAtLevel=1',
+         '-cp', self.classpath, 'org.apache.kafka.tools.ConsoleProducer',
+         '--bootstrap-server', self.bootstrap, '--topic', topic,
+         '--property', 'parse.key=true', '--property', 'key.separator=\t',
+         '--producer-property', 'metadata.max.age.ms=1000',
+         '--producer-property', 'linger.ms=0'],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+
+  def timestamps(self, topic: str, count: int,
+                 timeout_ms: int = 60000) -> list[tuple[int, int]]:
+    """(partition, record timestamp in ms) of the topic's first ``count``
+    records, as Kafka stores them."""
+    out = self._run_tool([
+        'org.apache.kafka.tools.consumer.ConsoleConsumer',
+        '--bootstrap-server', self.bootstrap, '--topic', topic,
+        '--from-beginning', '--max-messages', str(count), '--timeout-ms',
+        str(timeout_ms), '--property', 'print.timestamp=true',
+        '--property', 'print.partition=true', '--property',
+        'print.value=false'
+    ], f'consume from {topic}')
+    found = []
+    for line in out.splitlines():
+      fields = dict(f.split(':', 1) for f in line.split('\t') if ':' in f)
+      stamp = fields.get('LogAppendTime', fields.get('CreateTime'))
+      if stamp is not None and 'Partition' in fields:
+        found.append((int(fields['Partition']), int(stamp)))
+    return found
 
   def describe_partitions(self, name: str) -> int:
     out = self._run_tool([

@@ -18,6 +18,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
 
+from conftest import spark_options
 from fast_stages import run_on_and_off
 
 
@@ -180,3 +181,44 @@ def test_the_shapes_people_write_on_and_off(small_text, tmp_path):
                if s.startswith('Split+NotW1+')]
   for name in ('Partition', 'CountInWindow', 'CoGroupByKey', 'KvSwap'):
     assert name in stage, note
+
+
+class TornDown(beam.DoFn):
+  """Marks each of its teardowns with a file of its own."""
+  def __init__(self, log_dir):
+    self.log_dir = log_dir
+
+  def process(self, n):
+    yield n
+
+  def teardown(self):
+    with open(os.path.join(self.log_dir, f'{os.getpid()}-{id(self)}'), 'w',
+              encoding='utf-8'):
+      pass
+
+
+def test_a_release_job_only_where_a_worker_holds_something(small_text,
+                                                           tmp_path):
+  """A batch pipeline all on the fast path whose DoFns have no setup or
+  teardown leaves nothing to release: no release Spark job (a task per
+  slot, the largest fixed cost of a small pipeline). One with a teardown
+  still gets its release, and the teardown runs."""
+  from pyspark import SparkContext
+  from beam_pyspark.spark import release
+
+  jobs = {}
+  for name, fn in (('plain', beam.Map(len)), ('torn', None)):
+    log_dir = tmp_path / name
+    log_dir.mkdir()
+    p = beam.Pipeline(options=spark_options())
+    _ = (p | ReadFromText(small_text) | beam.Map(str.upper)
+         | (fn or beam.ParDo(TornDown(str(log_dir)))))
+    result = p.run()
+    result.wait_until_finish()
+    release.wait_for_releases(60.0)
+    tracker = SparkContext.getOrCreate().statusTracker()
+    jobs[name] = (len(tracker.getJobIdsForGroup(f'{result.job_id}-release')),
+                  len(os.listdir(log_dir)))
+  assert jobs['plain'] == (0, 0), jobs
+  released, torn = jobs['torn']
+  assert released == 1 and torn >= 1, jobs

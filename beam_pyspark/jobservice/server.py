@@ -38,6 +38,8 @@ class JobServerConfig:
   expansion_port: int = 8097
   artifacts_dir: Optional[str] = None
   spark_master_url: str = 'local[*]'
+  # A Spark Connect endpoint: every job runs over it (the Connect engine).
+  spark_remote: Optional[str] = None
   spark_conf: dict = dataclasses.field(default_factory=dict)
   # Ended jobs kept; preparations not run yet are bounded apart, and
   # expire after their timeout only.
@@ -121,7 +123,8 @@ def spark_invoke(config: JobServerConfig,
 
   def invoke(job_id, pipeline, options, listener):
     runner_options = RunnerOptions.from_job_options(
-        options, master=config.spark_master_url, conf=config.spark_conf)
+        options, master=config.spark_master_url, conf=config.spark_conf,
+        remote=config.spark_remote)
     if recovery is not None:
       recovery.assign(job_id, pipeline, runner_options)
     return PipelineExecution(pipeline, runner_options, job_id, listener,
@@ -252,7 +255,8 @@ class JobServer:
     from beam_pyspark.engine import warm_up  # pylint: disable=import-outside-toplevel
     started = time.monotonic()
     try:
-      warm_up(self.config.spark_master_url, self.config.spark_conf)
+      warm_up(self.config.spark_master_url, self.config.spark_conf,
+              self.config.spark_remote)
     except Exception as exn:  # pylint: disable=broad-except
       _LOGGER.warning('Could not start Spark ahead of the first job (%s); '
                       'the first job starts it.', exn)

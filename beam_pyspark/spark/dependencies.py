@@ -84,8 +84,11 @@ class Shipment:
 
 def ship_dependencies(
     sc, plan: ExecutionPlan,
-    log: Callable[[str], None] = lambda text: None) -> Optional[Shipment]:
-  """Serves the files executors need; None when there are none."""
+    log: Callable[[str], None] = lambda text: None,
+    address: Optional[tuple[str, str, int]] = None) -> Optional[Shipment]:
+  """Serves the files executors need; None when there are none.
+  ``address``: (bind, advertised, port) of the server, when there is no
+  SparkContext to read them from (the Connect engine's client)."""
   scratch = tempfile.mkdtemp(prefix='beam-pyspark-driver-artifacts-')
   try:
     files = collect_dependencies(plan, scratch, log)
@@ -96,7 +99,7 @@ def ship_dependencies(
   if not files and not harness_paths:
     shutil.rmtree(scratch, ignore_errors=True)
     return None
-  server = driver_server(*_driver_address(sc))
+  server = driver_server(*(address or _driver_address(sc)))
   token = server.register([p for _, p in files] + harness_paths)
   staged = worker_deps.files_set(f for f, _ in files)
   if files:

@@ -80,6 +80,9 @@ class TaskContext:
   # Streaming: Accumulator[int] of bundles whose finalization waits for
   # their micro-batch's commit (worker.finalization).
   deferred: object = None
+  # Batch: Accumulator[int] of tasks that left something of the job's in
+  # their Python worker that a release stops (worker.harnesses.holds).
+  held: object = None
 
   def runtime(self):
     # Executors of a local master share the driver's file system: make the
@@ -94,6 +97,14 @@ class TaskContext:
     if not self.worker_console_logs:
       _quiet_worker_console()
     return job_runtime(self.job_id, self.components.value)
+
+
+def held(ctx: Optional[TaskContext]) -> Optional[int]:
+  """How many of a batch job's tasks left something in their Python worker
+  that a release stops; None if not known (a streaming job's tasks)."""
+  if ctx is None or ctx.held is None or ctx.deferred is not None:
+    return None
+  return ctx.held.value
 
 
 def first_attempt() -> bool:
@@ -333,6 +344,9 @@ class RunStage:
               runtime, stage, wave.node, index, kept, store)
         for element in held or ():
           yield streaming.HELD_TAG, element
+        if ctx.held is not None and (harnesses.holds(ctx.job_id) or
+                                     finalization.pending(ctx.job_id)):
+          ctx.held.add(1)
       except Exception:
         # PySpark ends this Python worker once the task has failed, with
         # os._exit: its out-of-process harnesses must end their streams now

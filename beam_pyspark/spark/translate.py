@@ -148,7 +148,8 @@ class SparkPipelineJob:
         log_overrides=self.options.log_overrides,
         pipeline_options=self.options.job_options,
         split_after_secs=self.options.split_stragglers_after_secs,
-        worker_console_logs=not sc.master.startswith('local'))
+        worker_console_logs=not sc.master.startswith('local'),
+        held=sc.accumulator(0))
     self._logs_forwarded = 0
     self._shipment = ship_dependencies(sc, self.plan, self.log)
     if self._shipment is not None:
@@ -232,9 +233,8 @@ class SparkPipelineJob:
     harness processes before the job is reported done, as a program that
     exits right after its pipeline would leave them."""
     release_harnesses(
-        self.sc, self.job_id, self._succeeded,
-        wait=not all(self._kind(stage).in_process
-                     for stage in self.plan.stages))
+        self.sc, self.job_id, self._succeeded, held=tasks.held(self._ctx),
+        wait=not all(self._kind(s).in_process for s in self.plan.stages))
 
   def _kind(self, stage: StagePlan) -> harnesses.HarnessKind:
     """The kind of harness that runs the stage."""

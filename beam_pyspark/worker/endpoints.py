@@ -221,11 +221,15 @@ def residual(runtime, coder_id: str, input_id: str,
   """A residual root (self- or runner-initiated checkpoint) as a Residual."""
   marks = [ts.seconds * 1_000_000 + ts.nanos // 1000
            for ts in application.output_watermarks.values()]
+  if position is not None:
+    position = repr(position)[:120]
+  else:  # out of process: no claims seen; what the restriction reads
+    position = element_label(runtime, coder_id, application.element)
   return Residual(
       input_id, application.element, min(marks) if marks else None,
       _now_micros() + max(0, delay_micros),
       backlog_of(runtime, coder_id, application.element), parent, busy,
-      None if position is None else repr(position)[:120])
+      position)
 
 
 def unread(runtime, coder_id: str, input_id: str, element: bytes) -> Residual:
@@ -244,6 +248,70 @@ def backlog_of(runtime, coder_id: str, element: bytes) -> Optional[float]:
   if size != size or size == float('inf') or size < 0:
     return None
   return size
+
+
+def element_label(runtime, coder_id: str, element: bytes) -> Optional[str]:
+  """What a restriction reads, for people, when its element is a schema
+  row: its set scalar fields (``topic=t, partition=1``); for a row of
+  another SDK's schema coder (opaque here: Java's SchemaCoder is a
+  serialized Java object), its leading scalar fields by value (Kafka's
+  KafkaSourceDescriptor: ``events/1``, its topic and partition). None
+  otherwise."""
+  try:
+    wv = next(decode_all(runtime.coder_impl(coder_id), [element]))
+    row = wv.value[0][0]
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if isinstance(row, bytes):
+    return _opaque_row_label(row)
+  try:
+    fields = row._asdict()
+  except AttributeError:
+    return None
+  shown = [f'{k}={v}' for k, v in fields.items()
+           if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+  return ', '.join(shown)[:120] or None
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+  value = shift = 0
+  while True:
+    byte = data[at]
+    at += 1
+    value |= (byte & 0x7f) << shift
+    shift += 7
+    if not byte & 0x80:
+      return value, at
+
+
+def _opaque_row_label(data: bytes) -> Optional[str]:
+  """Beam's row encoding (field count, null bitmap, the set fields in
+  order) read without its schema: the leading set fields that read as a
+  short printable string, then those that read as an integer (the rest
+  need the schema); None if it does not parse so."""
+  try:
+    count, at = _varint(data, 0)
+    size, at = _varint(data, at)
+    nulls = int.from_bytes(data[at:at + size], 'little')
+    at += size
+    values = []
+    for i in range(min(count, 8)):
+      if nulls >> i & 1:
+        continue
+      length, after = _varint(data, at)
+      text = data[after:after + length]
+      if (not values and 0 < length <= 200 and len(text) == length and
+          text.decode('utf-8').isprintable()):
+        values.append(text.decode('utf-8'))
+        at = after + length
+      elif values:
+        values.append(str(length))
+        break
+      else:
+        return None
+  except (IndexError, UnicodeDecodeError):
+    return None
+  return '/'.join(values) if len(values) == 2 else None
 
 
 def _now_micros() -> int:

@@ -345,6 +345,11 @@ def _overrides(dofn, method: str) -> bool:
   return getattr(type(dofn), method, None) is not getattr(core.DoFn, method)
 
 
+def _overrides_combine(combine, method: str) -> bool:
+  return getattr(type(combine), method, None) is not getattr(
+      core.CombineFn, method)
+
+
 class Instances:
   """One set of a stage's DoFns and CombineFns, set up, with the lifecycle
   Beam's harness gives them (see the module's docstring). Cached per job
@@ -378,6 +383,20 @@ class Instances:
 
   def shutdown(self) -> None:
     self.teardown()
+
+  def needs_release(self) -> bool:
+    """Whether a release would run anything: a DoFn's or combine's own
+    ``setup`` or ``teardown`` (the resources they hold); without them,
+    dropping the set is only garbage, which the idle reaper collects."""
+    if not self._set_up or self._torn_down:
+      return False
+    return any(
+        (c.dofn is not None and (_overrides(c.dofn, 'setup') or
+                                 _overrides(c.dofn, 'teardown'))) or
+        (c.combine is not None and (
+            _overrides_combine(c.combine, 'setup') or
+            _overrides_combine(c.combine, 'teardown')))
+        for c in self.calls)
 
   # -- the lifecycle -----------------------------------------------------
 

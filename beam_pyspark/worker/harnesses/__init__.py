@@ -235,6 +235,14 @@ def release_job(job_id: str) -> None:
   _stop(harnesses)
 
 
+def holds(job_id: str) -> bool:
+  """Whether ``release_job`` would stop anything of ``job_id`` here: a
+  harness, or a kept object whose ``needs_release()`` says so."""
+  with _lock:
+    kept = [h for k, h in _harnesses.items() if k[0] == job_id]
+  return any(getattr(h, 'needs_release', lambda: True)() for h in kept)
+
+
 def count(job_id: Optional[str] = None) -> int:
   with _lock:
     return sum(1 for k in _harnesses if job_id is None or k[0] == job_id)
