@@ -213,7 +213,9 @@ def client_log():
 # made by scripts/scope-durations.py). pytest-xdist's own reorder puts the
 # scopes with the most tests first, and so the Java ValidatesRunner suite
 # (one pytest test of ~15 minutes) last, alone at the end while the other
-# worker idles. A scope not in the file counts as a minute; tests keep
+# worker idles (the file: a run at load 30-50 on 2026-11-26; the Java
+# suite, run last at load 3, weighted as the others. Only the order
+# matters). A scope not in the file counts as a minute; tests keep
 # their order within a scope. In one process (no xdist) the order is
 # pytest's, so module fixtures are set up once.
 _DURATIONS = os.path.join(os.path.dirname(__file__), 'scope_durations.json')
@@ -232,3 +234,19 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
   def scope(item):  # as pytest-xdist's LoadScopeScheduling._split_scope
     return item.nodeid.rsplit('::', 1)[0]
   items.sort(key=lambda item: -seconds.get(scope(item), _UNKNOWN_SCOPE_SECS))
+
+
+
+def pytest_unconfigure(config):
+  """The failed tests' names once more, as the very last lines: CI shows
+  the end of a long output, and pytest's summary of failures comes before
+  its list of skips and the final count."""
+  reporter = config.pluginmanager.get_plugin('terminalreporter')
+  if reporter is None:
+    return
+  failed = [r.nodeid for kind in ('failed', 'error')
+            for r in reporter.stats.get(kind, [])]
+  if failed:
+    reporter.write_sep('=', f'{len(set(failed))} failed or in error')
+    for nodeid in dict.fromkeys(failed):
+      reporter.write_line(f'FAILED {nodeid}')

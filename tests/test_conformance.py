@@ -56,6 +56,11 @@ class PySparkPortableRunnerTest(beam_prt.PortableRunnerTest):
         '--artifacts-dir', os.path.join(cls._workdir, 'artifacts'),
         '--job-store', os.path.join(cls._workdir, 'jobs.sqlite'),
         '--spark-master-url', 'local[2]',
+        # Spark starts with the class's first job, as before the job
+        # server's warm-up (tested in test_jobserver_pipelines/_resume),
+        # not beside it: the suite's timing-sensitive streaming tests run
+        # from the start.
+        '--no-spark-warm-up',
     ]
 
   def create_options(self):

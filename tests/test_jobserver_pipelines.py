@@ -70,7 +70,14 @@ def test_the_server_started_spark_before_its_first_job(server):
   """By default the job server starts Spark (its SQL session and the
   streaming source too) when it starts, in the background; the jobs above
   were submitted while it did, and ran on it."""
-  with open(server.log_path, encoding='utf-8', errors='replace') as f:
-    log = f.read()
+  import time  # pylint: disable=import-outside-toplevel
+  deadline = time.monotonic() + 180  # its throwaway query may still run
+  while True:
+    with open(server.log_path, encoding='utf-8', errors='replace') as f:
+      log = f.read()
+    if ('Spark is started and warmed up for jobs' in log or
+        time.monotonic() > deadline):
+      break
+    time.sleep(0.5)
   assert 'Spark is started and warmed up for jobs' in log, log[-5000:]
   assert 'Could not start Spark ahead' not in log

@@ -96,6 +96,23 @@ def _state(server, job_id):
       beam_job_api_pb2.GetJobStateRequest(job_id=job_id)).state
 
 
+def _why(server, job_id, state) -> str:
+  """The job's state and messages as ``server`` serves them, then the
+  end of the servers' shared log (all three runs append to it)."""
+  texts = []
+  stream = server.job_stub.GetMessageStream(
+      beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=5)
+  try:  # a job not ended streams on: what 5 s gave
+    for response in stream:
+      if response.HasField('message_response'):
+        texts.append(response.message_response.message_text)
+  except Exception as exn:  # pylint: disable=broad-except
+    texts.append(f'({type(exn).__name__} reading the messages)')
+  return (f'state {beam_job_api_pb2.JobState.Enum.Name(state)}; messages:\n'
+          + '\n'.join(t[-2000:] for t in texts[-8:]) +
+          f'\n--- end of the servers\' log ---\n{server.log()[-4000:]}')
+
+
 def _resumed_after(texts) -> int:
   """The micro-batch the job's last resumption went on after."""
   marker = RESUMED + 'micro-batch '
@@ -151,11 +168,11 @@ def test_a_streaming_job_survives_sigterm_and_sigkill_of_its_job_server(
   third = _server(root)
   try:
     deadline = time.monotonic() + 240
-    while _state(third, job_id) != beam_job_api_pb2.JobState.DONE:
-      assert _state(third, job_id) in (
-          beam_job_api_pb2.JobState.STARTING,
-          beam_job_api_pb2.JobState.RUNNING), third.log()
-      assert time.monotonic() < deadline, third.log()
+    while (state := _state(third, job_id)) != beam_job_api_pb2.JobState.DONE:
+      assert state in (beam_job_api_pb2.JobState.STARTING,
+                       beam_job_api_pb2.JobState.RUNNING), _why(
+                           third, job_id, state)
+      assert time.monotonic() < deadline, _why(third, job_id, state)
       time.sleep(0.5)
     states, texts = _history(third, job_id)
   finally:
