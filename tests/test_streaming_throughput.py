@@ -18,7 +18,9 @@ from apache_beam.utils.windowed_value import PaneInfoTiming
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_pyspark.options import RunnerOptions
+from beam_pyspark.planning import readbreak
 from beam_pyspark.planning.plan import plan_pipeline
+from beam_pyspark.spark import tasks
 from beam_pyspark.spark import streamreads
 from beam_pyspark.worker.fastpath import outputs
 from beam_pyspark.worker.runtime import JobRuntime
@@ -56,6 +58,18 @@ def test_unbounded_read_output_is_spread_and_its_consumers_take_the_fast_path():
   (consumer, ) = [s for s in plan.stages if s.kind == 'sdk' and set(
       s.inputs.values()) == set(spread.outputs.values())]
   assert any('WindowInto' in n for n in consumer.transform_names)
+  # It deals the read's chunks whole; a user's Reshuffle deals elements.
+  assert readbreak.spreads_chunks(spread.transform_names)
+  assert list(tasks.SpreadElements(None, 'unused', 2, whole_chunks=True)(
+      1, [b'a', b'b', b'c'])) == [(1, b'a'), (0, b'b'), (1, b'c')]
+  p = beam.Pipeline()
+  _ = p | beam.Create([1, 2]) | beam.Reshuffle()
+  users = [s for s in plan_pipeline(p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment.default()),
+                                     streaming=True).stages
+           if s.kind == 'reshuffle']
+  assert users and not any(readbreak.spreads_chunks(s.transform_names)
+                           for s in users)
   chosen, note = streamreads.fast_paths(
       plan, JobRuntime('throughput-test', plan.components), reads.splittable)
   assert consumer.name in chosen, note

@@ -24,9 +24,21 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations as tr
 
+# The name of the Reshuffle this phase adds ends so: its stage deals the
+# read's chunks whole (``spreads_chunks``).
+SUFFIX = '/Spread'
 _PROCESS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 _RESHUFFLE = common_urns.composites.RESHUFFLE.urn
 _UNBOUNDED = beam_runner_api_pb2.IsBounded.UNBOUNDED
+
+
+def spreads_chunks(transform_names) -> bool:
+  """Whether a reshuffle stage is this phase's: it may deal whole chunks
+  over the partitions rather than elements (a read's bundle outputs its
+  elements in chunks of thousands; decoding each element to deal it was a
+  seventh of a streaming count's worker CPU). Beam's Reshuffle promises
+  no particular spread."""
+  return any(n.endswith(SUFFIX) for n in transform_names)
 
 
 def break_unbounded_reads(stages, context):
@@ -48,7 +60,7 @@ def break_unbounded_reads(stages, context):
     read.CopyFrom(components.pcollections[pcoll_id])
     read.unique_name = read_id
     transform.outputs[tag] = read_id
-    name = transform.unique_name + '/Spread'
+    name = transform.unique_name + SUFFIX
     transform_id = tr.unique_name(components.transforms, name)
     reshuffle = components.transforms[transform_id]
     reshuffle.CopyFrom(beam_runner_api_pb2.PTransform(

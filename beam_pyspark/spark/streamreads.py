@@ -140,7 +140,8 @@ class StreamReads:
     endpoints, when the next processing-time timer is due, whether the
     job's sources are done (no micro-batch is offered any more)."""
     return {'endpoints': self.book.offer(),
-            'next_processing': next_processing, 'finished': finished}
+            'next_processing': next_processing, 'finished': finished,
+            'busy': any(e.busy for e in self.book.of_all())}
 
   def restore(self, saved: dict, rename) -> dict[str, Optional[int]]:
     """The endpoints a checkpoint committed; each node's hold."""
