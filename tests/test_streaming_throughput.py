@@ -101,3 +101,16 @@ def test_fixed_windows_equal_beams():
   out = outputs._assign_fixed(window.FixedWindows(2))('v', fired)  # pylint: disable=protected-access
   assert out.pane_info.timing == PaneInfoTiming.UNKNOWN
   assert list(out.windows) == [window.IntervalWindow(2, 4)]
+
+
+def test_the_fast_paths_fixed_windows_are_beams_interval_windows():
+  import pickle
+  (got, ) = outputs._assign_fixed(window.FixedWindows(2))(  # pylint: disable=protected-access
+      'v', WindowedValue('v', Timestamp(3), (window.GlobalWindow(), ))).windows
+  beams, other = window.IntervalWindow(2, 4), window.IntervalWindow(2, 6)
+  # Equal, unequal and hashing as Beam's, whichever side it is on.
+  assert got == beams and beams == got and not got != beams
+  assert not beams != got and got != other and other != got
+  assert hash(got) == hash(beams) and {beams: 1}[got] == {got: 1}[beams]
+  assert isinstance(got, window.IntervalWindow) and got < other
+  assert type(pickle.loads(pickle.dumps(got))) is window.IntervalWindow  # pylint: disable=unidiomatic-typecheck

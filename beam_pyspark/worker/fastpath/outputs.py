@@ -8,6 +8,8 @@ from typing import Callable
 
 from apache_beam.transforms.window import FixedWindows
 from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.timestamp import MAX_TIMESTAMP
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
 
@@ -99,8 +101,8 @@ def _assign_fixed(window_fn: FixedWindows) -> Callable:
     t = m.timestamp_micros
     start = t - (t - offset) % size
     if start != last[0]:
-      last[1] = (IntervalWindow(Timestamp(micros=start),
-                                Timestamp(micros=start + size)), )
+      last[1] = (_HashedWindow(Timestamp(micros=start),
+                               Timestamp(micros=start + size)), )
       last[0] = start
     if m.pane_info is PANE_INFO_UNKNOWN:  # as Beam's: a new WindowedValue
       out = m.with_value(x)
@@ -109,6 +111,37 @@ def _assign_fixed(window_fn: FixedWindows) -> Callable:
     return chains.WindowedValue(x, m.timestamp, last[1])
 
   return assign
+
+
+class _HashedWindow(IntervalWindow):
+  """Beam's ``IntervalWindow``, its hash computed once: a precombine keys
+  its accumulators by (window, key), and Beam's hash reads both bounds
+  and ``MIN_TIMESTAMP``'s and ``MAX_TIMESTAMP``'s micros (Python
+  properties) each time (a quarter of a fast-path count's loop). Equal to
+  and hashing as the IntervalWindow of the same bounds, either way round
+  (Python asks a subclass's ``__eq__`` first), and encoded as one."""
+  def __init__(self, start, end):
+    super().__init__(start, end)
+    self._hash = IntervalWindow.__hash__(self)
+
+  def __hash__(self):
+    return self._hash
+
+  def __eq__(self, other):
+    if not isinstance(other, IntervalWindow):
+      return False
+    return (self._hash == hash(other) and
+            max(self._start_micros, _MIN) == max(other._start_micros, _MIN)
+            and min(self._end_micros, _MAX) == min(other._end_micros, _MAX))
+
+  def __ne__(self, other):
+    return not self == other
+
+  def __reduce__(self):  # pickled as Beam's own
+    return IntervalWindow, (self.start, self.end)
+
+
+_MIN, _MAX = MIN_TIMESTAMP.micros, MAX_TIMESTAMP.micros
 
 
 def per_window(x, m):
