@@ -147,6 +147,9 @@ def main(argv: list[str]) -> None:
       results['cancelled'] = cancelled(flags)
     from pyspark.util import is_remote_only
     results['remote_only'] = is_remote_only()
+    results['jvm_modules'] = sorted(
+        m for m in sys.modules if m == 'py4j' or m.startswith(
+            ('py4j.', 'pyspark.core')))
   with open(os.path.join(out, 'results.json'), 'w', encoding='utf-8') as f:
     json.dump(results, f)
 

@@ -9,8 +9,9 @@ runner's daemon as the RDD engine's are (``spark.python.daemon.module``,
 a server-side setting a Connect client cannot make).
 
 ``client_environment()`` is the environment of a client process with no
-working JVM and PySpark's Connect-only mode (what ``pyspark-client``
-alone gives: no SparkContext, no RDD core).
+working JVM and only what ``pyspark-client`` gives (tests/connect_client:
+no py4j, no SparkContext, no RDD core); ``started_programs()`` asserts
+such a process started no JVM.
 """
 
 from __future__ import annotations
@@ -120,20 +121,44 @@ class ConnectServer:
     self.proc = None
 
 
-def client_environment(extra: dict | None = None) -> dict:
-  """A client process's environment: no Java anywhere it could find one,
-  and PySpark in its Connect-only mode (as with ``pyspark-client``
-  alone: ``pyspark.util.is_remote_only()``, no SparkContext)."""
+CLIENT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          'connect_client')
+JVM_LAUNCHERS = ('java', 'spark-submit', 'spark-class')
+
+
+def client_environment(audit: str, extra: dict | None = None) -> dict:
+  """A client process's environment: no Java anywhere it could find one
+  (JAVA_HOME leads nowhere, no ``java`` on PATH), and the Python of a
+  Connect-only install (tests/connect_client: no ``py4j``, no
+  ``pyspark.core``, as with ``pyspark-client`` alone), its processes
+  written to ``audit`` (``started_programs``)."""
   env = dict(os.environ)
   env['JAVA_HOME'] = '/nonexistent-java'
   env['PATH'] = os.pathsep.join(
       p for p in env.get('PATH', '').split(os.pathsep)
       if p and not os.path.exists(os.path.join(p, 'java')))
-  env['SPARK_SKIP_CONNECT_COMPAT_TESTS'] = '1'
-  env.pop('SPARK_REMOTE', None)
-  env.pop('SPARK_CONNECT_MODE_ENABLED', None)
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in [CLIENT_DIR, env.get('PYTHONPATH')] if p)
+  env['BEAM_PYSPARK_CLIENT_AUDIT'] = audit
+  for name in ('SPARK_REMOTE', 'SPARK_CONNECT_MODE_ENABLED',
+               'SPARK_SKIP_CONNECT_COMPAT_TESTS', 'SPARK_HOME'):
+    env.pop(name, None)
   env.update(extra or {})
   return env
+
+
+def started_programs(audit: str) -> list[str]:
+  """What a client process (``client_environment``) started; asserts it
+  started no JVM (nor any of Spark's launch scripts)."""
+  if not os.path.exists(audit):
+    return []
+  with open(audit, encoding='utf-8') as f:
+    started = [line.split(' ', 2)[2].strip() for line in f if line.strip()]
+  for program in started:
+    words = program.split()
+    assert not (words and os.path.basename(words[0]) in JVM_LAUNCHERS), (
+        f'the Connect-only client started a JVM: {program}')
+  return started
 
 
 _SHARED: list = []

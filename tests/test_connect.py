@@ -1,8 +1,9 @@
 """The Connect engine (beam_pyspark/connect/) against the RDD engine.
 
 A Spark Connect server (tests/connect_server.py: Spark's own plugin over
-local[2]) and a client process with no working JVM and PySpark in its
-Connect-only mode (as ``pyspark-client`` alone) run tests/connect_jobs.py:
+local[2]) and a client process with no working JVM and only what
+``pyspark-client`` alone gives (tests/connect_client: no py4j, no
+pyspark.core; asserted to start no JVM) run tests/connect_jobs.py:
 Beam's WordCount, a pipeline of GroupByKey, combines, side inputs,
 Flatten, a stateful DoFn, Reshuffle and a counter, and the README's
 DataFrame example; the same pipelines on
@@ -18,6 +19,7 @@ import sys
 from conftest import SPARK_MASTER
 import connect_server
 from connect_server import client_environment
+from connect_server import started_programs
 import connect_jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,13 +54,19 @@ def test_connect_engine_computes_what_the_rdd_engine_does(tmp_path):
       on_rdd = json.load(f)
     server.wait()
     connect_out = str(tmp_path / 'connect')
+    audit = str(tmp_path / 'client-processes.txt')
     connect = _start(connect_out,
                      [f'--spark_remote={server.url}', '--cancel'],
-                     client_environment())
+                     client_environment(audit))
     over_connect, log = _results(connect, connect_out)
-    # The client was a Connect-only one, and the jobs ran over Connect.
+    # The client was a Connect-only one (no py4j, no pyspark.core: what
+    # pyspark-client alone has), started no JVM, and the jobs ran over
+    # Connect.
     assert over_connect.pop('remote_only') is True
     assert on_rdd.pop('remote_only') is False
+    assert over_connect.pop('jvm_modules') == []
+    assert 'py4j' in on_rdd.pop('jvm_modules')
+    started_programs(audit)
     assert f'on Spark Connect {server.url}' in log
     cancelled = over_connect.pop('cancelled')
     assert over_connect == on_rdd
@@ -109,9 +117,11 @@ def test_streaming_over_connect_is_refused_at_submission(tmp_path):
   """Refused before anything runs (no server needed: the endpoint is
   never reached), saying why and what to do."""
   out = str(tmp_path / 'streaming')
+  audit = str(tmp_path / 'client-processes.txt')
   proc = _start(out, ['--streaming', '--spark_remote=sc://127.0.0.1:9'],
-                client_environment())
+                client_environment(audit))
   results, _ = _results(proc, out, timeout=300)
+  started_programs(audit)
   error = results['streaming']
   assert 'do not run over Spark Connect' in error, error
   assert 'foreachBatch' in error and '--spark_remote' in error, error

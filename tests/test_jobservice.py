@@ -70,11 +70,14 @@ def test_portable_runner_wordcount(server, tmp_path):
   text = tmp_path / 'in.txt'
   text.write_text('a b c a\nb a é é\n' * 200, encoding='utf-8')
   out = str(tmp_path / 'out' / 'counts')
-  subprocess.run([
+  done = subprocess.run([
       sys.executable, '-m', 'apache_beam.examples.wordcount',
       '--runner=PortableRunner', f'--job_endpoint={server.endpoint}',
       f'--environment_type={EMBEDDED}', '--input', str(text),
-      '--output', out], check=True, capture_output=True, timeout=300)
+      '--output', out], capture_output=True, text=True, timeout=300,
+      check=False)
+  assert done.returncode == 0, (
+      f'exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}')
   assert _read(out) == ['a: 600', 'b: 400', 'c: 200', 'é: 400']
   jobs = server.stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
   assert any(j.state == beam_job_api_pb2.JobState.DONE for j in jobs)

@@ -30,6 +30,7 @@ from typing import Optional
 from beam_pyspark.connect import tasks
 from beam_pyspark.connect.session import connect_session
 from beam_pyspark.connect.translate import StageTranslator
+from beam_pyspark.connect.translate import collect_rows
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.messages import forwarded
@@ -53,6 +54,9 @@ ARROW_ROWS_PER_BATCH = 16
 
 _parallelism_lock = threading.Lock()
 _parallelism: dict[str, int] = {}
+# Per session: [jobs running, the Arrow batch size it had before them].
+_batch_rows: dict[str, list] = {}
+_BATCH_ROWS_KEY = 'spark.sql.execution.arrow.maxRecordsPerBatch'
 
 
 def create_connect_engine(plan: ExecutionPlan, job_id: str,
@@ -134,7 +138,7 @@ class ConnectPipelineJob(StageTranslator):
 
   def run(self) -> None:
     self.spark.addTag(self.tag)
-    previous = self._arrow_batch_rows()
+    self._arrow_batch_rows(True)
     with contextlib.suppress(Exception):
       self.spark.registerProgressHandler(self._tasks)
     try:
@@ -144,7 +148,7 @@ class ConnectPipelineJob(StageTranslator):
     finally:
       with contextlib.suppress(Exception):
         self.spark.removeProgressHandler(self._tasks)
-      self._arrow_batch_rows(previous)
+      self._arrow_batch_rows(False)
       self.spark.removeTag(self.tag)
       self._close()
 
@@ -184,22 +188,30 @@ class ConnectPipelineJob(StageTranslator):
     if terminal:
       from pyspark.sql.connect import functions as f
       reports = self._union(terminal).filter(f.col('tag') == tasks.REPORT)
-      self._reports_from(self._action(reports.collect, 'its outputs'))
+      self._reports_from(self._action(lambda: collect_rows(reports),
+                                      'its outputs'))
 
-  def _arrow_batch_rows(self, value: Optional[str] = None) -> Optional[str]:
-    """Sets the session's Arrow batch size (None: ARROW_ROWS_PER_BATCH);
-    returns the one it had."""
-    key = 'spark.sql.execution.arrow.maxRecordsPerBatch'
+  def _arrow_batch_rows(self, starting: bool) -> None:
+    """The session's Arrow batch size is ARROW_ROWS_PER_BATCH while jobs
+    run on it: set by the first to start, the one it had put back by the
+    last to end (jobs of a job server share its session)."""
+    key = self.spark.session_id
     try:
-      previous = self.spark.conf.get(key, None)
-      if value is None:
-        self.spark.conf.set(key, str(ARROW_ROWS_PER_BATCH))
-      else:
-        self.spark.conf.set(key, value)
-      return previous
+      with _parallelism_lock:
+        entry = _batch_rows.setdefault(key, [0, None])
+        if starting:
+          entry[0] += 1
+          if entry[0] == 1:
+            entry[1] = self.spark.conf.get(_BATCH_ROWS_KEY, None)
+            self.spark.conf.set(_BATCH_ROWS_KEY, str(ARROW_ROWS_PER_BATCH))
+        else:
+          entry[0] -= 1
+          if entry[0] == 0:
+            del _batch_rows[key]
+            if entry[1] is not None:
+              self.spark.conf.set(_BATCH_ROWS_KEY, entry[1])
     except Exception:  # pylint: disable=broad-except
-      _LOGGER.debug('Could not set %s', key, exc_info=True)
-      return None
+      _LOGGER.debug('Could not set %s', _BATCH_ROWS_KEY, exc_info=True)
 
   def _ship_dependencies(self) -> None:
     """The job's staged files, served by this client to the server's
@@ -230,7 +242,7 @@ class ConnectPipelineJob(StageTranslator):
     def release():
       try:
         spark.range(0, slots, 1, slots).mapInArrow(
-            tasks.ArrowRelease(job_id, succeeded), tasks.ROWS).collect()
+            tasks.ArrowRelease(job_id, succeeded), tasks.rows_type()).collect()
       except Exception:  # pylint: disable=broad-except
         _LOGGER.debug('Could not release the harnesses of %s', job_id,
                       exc_info=True)

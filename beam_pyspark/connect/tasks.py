@@ -29,8 +29,27 @@ from beam_pyspark.connect.partitions import targets
 
 ROWS = 'tag string, part int, data binary'
 REPORT = '\x00report'
+_ROWS_TYPE = None
 # Bytes of chunks per Arrow batch a task yields.
 BATCH_BYTES = 8 << 20
+
+
+def rows_type():
+  """ROWS as a StructType: given to ``mapInArrow`` and told to every
+  DataFrame of the engine, so that Connect's client asks the server for
+  no schema (a DDL string is parsed there, and ``mapInArrow`` reads its
+  input's columns: an analysis round trip each, per stage)."""
+  global _ROWS_TYPE
+  if _ROWS_TYPE is None:
+    from pyspark.sql.types import BinaryType
+    from pyspark.sql.types import IntegerType
+    from pyspark.sql.types import StringType
+    from pyspark.sql.types import StructField
+    from pyspark.sql.types import StructType
+    _ROWS_TYPE = StructType([StructField('tag', StringType()),
+                             StructField('part', IntegerType()),
+                             StructField('data', BinaryType())])
+  return _ROWS_TYPE
 
 
 class Value:

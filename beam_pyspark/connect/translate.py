@@ -23,6 +23,7 @@ its inputs, each re-tagged with the transform id that reads it.
 
 from __future__ import annotations
 
+import collections
 import pickle
 
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
@@ -41,9 +42,35 @@ from beam_pyspark.worker.shuffle import is_global_bytes_kv
 from beam_pyspark.worker.state import side_input_entries
 
 
+# A collected row of ROWS.
+Row = collections.namedtuple('Row', 'tag part data')
+
+
 def _functions():
   from pyspark.sql.connect import functions
   return functions
+
+
+def known(df):
+  """``df``, told that its schema is ROWS (every DataFrame of the engine's
+  is): Connect's client would ask the server (``mapInArrow`` reads its
+  input's columns, ``toArrow`` its schema)."""
+  if getattr(df, '_cached_schema', False) is None:
+    df._cached_schema = tasks.rows_type()  # pylint: disable=protected-access
+  return df
+
+
+def map_in_arrow(df, function):
+  """``df.mapInArrow(function)`` to ROWS, with no schema round trip."""
+  return known(df).mapInArrow(function, tasks.rows_type())
+
+
+def collect_rows(df) -> list:
+  """``df``'s rows as ``Row`` tuples, through Arrow (``collect`` asks the
+  server a setting first, then makes a pyspark Row per row)."""
+  table = known(df).toArrow()
+  return [Row(*r) for r in zip(*(table.column(name).to_pylist()
+                                  for name in Row._fields))]
 
 
 class StageTranslator:
@@ -59,7 +86,20 @@ class StageTranslator:
     return self._sdk_stage(stage)
 
   def _rows(self, rows: list):
-    return self.spark.createDataFrame(rows, tasks.ROWS)
+    return known(self.spark.createDataFrame(rows, tasks.rows_type()))
+
+  def _partitioned(self, tag: str, chunks: list[bytes]):
+    """One row of ``tag`` per chunk, chunk ``i`` alone in partition ``i``:
+    ``range``'s partitions pick literals (no Python, no shuffle)."""
+    if not chunks:
+      return self._rows([])
+    f = _functions()
+    n = len(chunks)
+    data = f.element_at(f.array(*[f.lit(bytes(c)) for c in chunks]),
+                        (f.col('id') + 1).cast('int'))
+    return known(self.spark.range(0, n, 1, n).select(
+        f.lit(tag).alias('tag'), f.lit(None).cast('int').alias('part'),
+        data.alias('data')))
 
   def _retag(self, df, tag: str):
     """A buffer's rows as the input ``tag`` of a stage; REPORT rows kept."""
@@ -85,9 +125,9 @@ class StageTranslator:
         break
       df = self._buffer(buffer_id)
       if stage.stateful and buffer_id != IMPULSE_BUFFER:
-        keyed.append(df.mapInArrow(tasks.ArrowKey(
+        keyed.append(map_in_arrow(df, tasks.ArrowKey(
             self._ctx, stage.input_coders[transform_id], transform_id,
-            self._parallelism), tasks.ROWS))
+            self._parallelism)))
       else:
         inputs.append(self._retag(df, transform_id))
     if keyed:
@@ -106,7 +146,7 @@ class StageTranslator:
     run = tasks.ArrowStage(self._ctx, stage, side, group_outputs,
                            fast=self._fast.get(stage.name),
                            keyed=bool(keyed), group=group)
-    out = self._union(inputs).mapInArrow(run, tasks.ROWS)
+    out = map_in_arrow(self._union(inputs), run)
     self._register_outputs(stage, out)
     return out
 
@@ -119,9 +159,9 @@ class StageTranslator:
     n = self._parallelism
     if stage.sized:
       rows = self._action(
-          lambda: source.mapInArrow(
-              tasks.ArrowSized(self._ctx, stage.input_coders[in_id]),
-              tasks.ROWS).collect(), 'the sizes of restrictions to pack')
+          lambda: collect_rows(map_in_arrow(source, tasks.ArrowSized(
+              self._ctx, stage.input_coders[in_id]))),
+          'the sizes of restrictions to pack')
       sized = [(float(r.tag), r.data) for r in self._reports_from(rows)]
       bins = pack_by_size([s for s, _ in sized], n)
       self.log(f'{stage.name}: {len(sized)} restrictions packed into '
@@ -130,12 +170,11 @@ class StageTranslator:
       spread = self._rows([('', to[b], sized[i][1])
                            for b, members in enumerate(bins) for i in members])
     else:
-      spread = source.mapInArrow(
-          tasks.ArrowSpread(self._ctx, stage.input_coders[in_id], n),
-          tasks.ROWS)
-    out = spread.repartition(n, 'part').mapInArrow(
-        tasks.ArrowTranscode(self._ctx, stage.input_coders[in_id],
-                             stage.output_coders[out_id], out_id), tasks.ROWS)
+      spread = map_in_arrow(source, tasks.ArrowSpread(
+          self._ctx, stage.input_coders[in_id], n))
+    out = map_in_arrow(spread.repartition(n, 'part'), tasks.ArrowTranscode(
+        self._ctx, stage.input_coders[in_id], stage.output_coders[out_id],
+        out_id))
     self._register_outputs(stage, out)
     return out
 
@@ -147,9 +186,10 @@ class StageTranslator:
     except Exception as exn:  # pylint: disable=broad-except
       self.log(f'{stage.name}: the client could not split the source '
                f'({type(exn).__name__}: {exn}); splitting it in an executor')
-      rows = self._action(lambda: self._rows([('', None, b'')]).mapInArrow(
-          tasks.ArrowSplit(self._ctx, stage.read_payload, n),
-          tasks.ROWS).collect(), 'splitting a source')
+      rows = self._action(lambda: collect_rows(map_in_arrow(
+          self._rows([('', None, b'')]),
+          tasks.ArrowSplit(self._ctx, stage.read_payload, n))),
+                          'splitting a source')
       estimated, desired, splits = pickle.loads(
           self._reports_from(rows)[0].data)
     (out_id, _), = stage.outputs.items()
@@ -163,24 +203,34 @@ class StageTranslator:
     self.log(f'{stage.name}: {len(splits)} splits of the source (desired '
              f'{desired} bytes each, estimated size {size} bytes), packed '
              f'into {len(bins)} partitions by weight')
-    to = targets(n)
-    out = self._rows([(out_id, to[b], encoded[i])
-                      for b, members in enumerate(bins) for i in members])
-    out = out.repartition(n, 'part') if bins else out
+    # A bin's splits as one chunk, in a partition of its own (as the RDD
+    # engine's parallelize of the bins).
+    out = self._partitioned(
+        out_id, [b''.join(encoded[i] for i in members) for members in bins])
     self._register_outputs(stage, out)
     return out
 
   def _register_outputs(self, stage: StagePlan, out) -> None:
-    reads = sum(
-        len(self._consumers.get(b, ())) for b in set(stage.outputs.values()))
-    if len(stage.outputs) > 1 or reads > 1 or any(
-        b in self._side_buffer_ids for b in stage.outputs.values()):
+    if self._computations(stage) > 1:
       out = out.persist()
       self._persisted.append(out)
     f = _functions()
     for transform_id, buffer_id in stage.outputs.items():
       self._producer_frames.setdefault(buffer_id, []).append(
           out.filter(f.col('tag').isin(transform_id, tasks.REPORT)))
+
+  def _computations(self, stage: StagePlan) -> int:
+    """How many times the job's actions would compute ``stage``'s
+    DataFrame: once per input of a stage reading one of its outputs, once
+    for an output read as a side input (collected once, kept by the
+    client). More than once: it is persisted."""
+    total = 0
+    for buffer_id in set(stage.outputs.values()):
+      total += sum(
+          1 for consumer in self._consumers.get(buffer_id, ())
+          for read in consumer.inputs.values() if read == buffer_id)
+      total += buffer_id in self._side_buffer_ids
+    return total
 
   def _fused_group(self, stage: StagePlan):
     """For a stage that is the one reader of a GroupByKey and reads
@@ -215,10 +265,9 @@ class StageTranslator:
     if buffer_id == IMPULSE_BUFFER:
       df = self._rows([('', None, ENCODED_IMPULSE_VALUE)])
     elif tr.split_buffer_id(buffer_id)[0] == 'group':
-      df = self._shuffled(buffer_id).mapInArrow(
-          tasks.ArrowGroup(self._ctx, self.plan.groups[buffer_id],
-                           self._group_budget, self._compact(buffer_id)),
-          tasks.ROWS)
+      df = map_in_arrow(self._shuffled(buffer_id), tasks.ArrowGroup(
+          self._ctx, self.plan.groups[buffer_id], self._group_budget,
+          self._compact(buffer_id)))
     else:
       producers = self._producer_frames.get(buffer_id, [])
       if not producers and buffer_id in self._producers:
@@ -237,7 +286,8 @@ class StageTranslator:
   def _collect(self, buffer_id: bytes) -> list[bytes]:
     chunks = self._side_chunks.get(buffer_id)
     if chunks is None:
-      rows = self._action(self._buffer(buffer_id).collect, 'a side input')
+      df = self._buffer(buffer_id)
+      rows = self._action(lambda: collect_rows(df), 'a side input')
       chunks = self._side_chunks[buffer_id] = [
           r.data for r in self._reports_from(rows)]
     return chunks
