@@ -30,6 +30,8 @@ DEFAULT_SPLIT_AFTER_SECS = 10.0
 # Streaming reads: a micro-batch's budget, and how long one restriction
 # reads in it.
 DEFAULT_RECORDS_PER_BATCH = 100_000
+# How far the default budget grows while the reads are behind.
+MAX_BUDGET_SCALE = 16
 DEFAULT_READ_SECS = 1.0
 DEFAULT_BUNDLE_BYTES = 32 << 20
 # SparkRunnerOptions.spark_master_url's default in Beam.
@@ -118,7 +120,9 @@ class PySparkRunnerOptions(PipelineOptions):
         help='Streaming: the records the unbounded reads of one micro-batch '
         'may output, split evenly over the reads\' live restrictions with '
         'backlog (as Spark\'s maxOffsetsPerTrigger; 0: no limit; default: '
-        f'{DEFAULT_RECORDS_PER_BATCH}).')
+        f'{DEFAULT_RECORDS_PER_BATCH}, doubled after each micro-batch whose '
+        f'reads had more to read, up to {MAX_BUDGET_SCALE} times, and shrunk '
+        'back after those that had not).')
     parser.add_argument(
         '--max_bytes_per_batch',
         type=int,
@@ -243,6 +247,8 @@ def _read_budget(records: Optional[int], size: Optional[int],
   return {
       'records_per_batch': (DEFAULT_RECORDS_PER_BATCH if records is None
                             else records if records > 0 else None),
+      # The default budget grows while the reads have more to read.
+      'adaptive_budget': records is None,
       'bytes_per_batch': size if size and size > 0 else None,
       'read_secs': secs,
   }
@@ -276,6 +282,9 @@ class RunnerOptions:
   # Streaming reads: a micro-batch's budget (None: no limit) and how long
   # one restriction may read in it.
   records_per_batch: Optional[int] = DEFAULT_RECORDS_PER_BATCH
+  # The budget grows (up to MAX_BUDGET_SCALE times) while the reads leave
+  # more than they were granted (--max_records_per_batch unset).
+  adaptive_budget: bool = False
   bytes_per_batch: Optional[int] = None
   read_secs: float = DEFAULT_READ_SECS
   # PySparkRunner's progress in its program: 'auto', 'log' or 'off'.

@@ -209,3 +209,23 @@ def test_busy_endpoints_are_split_while_the_read_has_room():
   assert again.endpoint_id == busy.endpoint_id
   assert book.add('read', 'in', b'a3', None, 0, None,
                   endpoint_id=busy.endpoint_id).endpoint_id != busy.endpoint_id
+
+
+def test_the_default_budget_grows_while_the_reads_fall_behind(tmp_path):
+  # budget_scale: how far it may grow (an explicit budget: 1, never).
+  reader, fixed = _reader(tmp_path, budget_scale=4), _reader(tmp_path)
+
+  def granted(r, batch: int, busy: bool) -> int:
+    _commit(tmp_path, batch, {'endpoints': {'1': (None, 0)}, 'busy': busy})
+    start = {'batch': batch, 'time': 0, 'grants': {}}
+    offset = r.latestOffset(start, None)
+    # Asked again for the same trigger: the same grant.
+    assert r.latestOffset(start, None)['grants'] == offset['grants']
+    return offset['grants']['1']
+
+  # Busy (more left than granted): doubled each time, up to 4 times.
+  assert [granted(reader, b, True) for b in range(1, 5)] == [20, 40, 40, 40]
+  # Caught up: back down a quarter at a time, to the budget.
+  assert [granted(reader, b, False) for b in range(5, 10)] == [
+      30, 20, 10, 10, 10]
+  assert [granted(fixed, b, True) for b in range(10, 12)] == [10, 10]

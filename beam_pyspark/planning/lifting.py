@@ -28,6 +28,8 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations as tr
 
+from beam_pyspark.planning import readbreak
+
 _EOW = (beam_runner_api_pb2.OutputTime.END_OF_WINDOW,
         beam_runner_api_pb2.OutputTime.UNSPECIFIED)
 _COMBINE_PER_KEY = common_urns.composites.COMBINE_PER_KEY.urn
@@ -88,11 +90,14 @@ def unlift_streaming_combines(stages, context):
 def streaming_phases(phases) -> list:
   """A streaming job's fusion phases: combiners left unpacked, as Beam's
   PortableRunner does for a streaming job (its conformance suite checks),
-  and only the combines that lose nothing by it lifted."""
+  only the combines that lose nothing by it lifted, and unbounded
+  splittable reads' output spread over the partitions (``readbreak``)."""
   out = []
   for phase in phases:
     if phase is tr.lift_combiners:
       out.append(unlift_streaming_combines)
     if phase is not tr.pack_combiners:
       out.append(phase)
+    if phase is tr.expand_sdf:
+      out.append(readbreak.break_unbounded_reads)
   return out

@@ -26,6 +26,7 @@ from pyspark.sql.datasource import InputPartition
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.storage import Location
+from beam_pyspark.streaming import budget as budget_module
 from beam_pyspark.streaming import endpoints
 
 SOURCE_NAME = 'beam_pyspark_microbatches'
@@ -84,6 +85,9 @@ class _MicroBatchReader(DataSourceStreamReader):
     self.wall_clock = options.get('wall_clock') == 'true'
     budget = int(options.get('budget', '0'))
     self.budget = budget if budget > 0 else None
+    # The budget's growth while the reads fall behind (streaming.budget).
+    self.growth = budget_module.GrowingBudget(
+        int(options.get('budget_scale', '1')))
     byte_budget = int(options.get('byte_budget', '0'))
     self.byte_budget = byte_budget if byte_budget > 0 else None
     self._cached: Optional[tuple[int, dict]] = None
@@ -122,6 +126,8 @@ class _MicroBatchReader(DataSourceStreamReader):
       return {'batch': batch + 1, 'time': now,
               'grants': {e: None for e in offer.get('endpoints', {})}}
     budget = getattr(limit, 'max_rows', self.budget)
+    if budget is not None:
+      budget = self.growth.of(budget, batch, bool(offer.get('busy')))
     granted = endpoints.grants(
         offer.get('endpoints', {}), budget, now, rotate=batch + 1)
     due = offer.get('next_processing')

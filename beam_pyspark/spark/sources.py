@@ -34,6 +34,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.options import MAX_BUDGET_SCALE
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.spark.microbatches import DRAIN_MARKER
@@ -141,6 +142,7 @@ def source_options(options, teststream_batches: int,
       # Processing time is the TestStream's, else the wall clock's.
       'wall_clock': 'false' if teststream else 'true',
       'budget': options.records_per_batch or 0,
+      'budget_scale': MAX_BUDGET_SCALE if options.adaptive_budget else 1,
       'byte_budget': options.bytes_per_batch or 0,
   }
 

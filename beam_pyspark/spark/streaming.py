@@ -100,6 +100,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._reads = streamreads.StreamReads(
         plan, self.options, most_endpoints=2 * self._parallelism)
     self._endpoints = self._reads.book
+    if self.options.fast_path:  # stateless stages, as in batch
+      self._fast, self._fast_note = streamreads.fast_paths(
+          plan, self._runtime, self._reads.splittable)
     self._finished = self._stop = False
     self._deferred_seen = 0
     self._log = batchlog.BatchLog(plan)
@@ -421,7 +424,8 @@ class StreamingPipelineJob(SparkPipelineJob):
                             self._checkpoint.location, side_watermarks,
                             serial=self._waves, batch=self._committed + 1,
                             committed=self._committed, limits=limits)
-    return tasks.RunStage(self._ctx, stage, side, group_outputs, wave)
+    return tasks.RunStage(self._ctx, stage, side, group_outputs, wave,
+                          fast=self._fast.get(stage.name))
 
   def _extra_inputs(self, stage: StagePlan) -> list:
     """Main input held back earlier, tried again; the endpoints granted
@@ -445,14 +449,12 @@ class StreamingPipelineJob(SparkPipelineJob):
   def _compact(self, buffer_id: bytes) -> bool:
     return False  # the trigger driver needs every timestamp and window
 
-  def _may_page(self, buffer_id: bytes) -> bool:
-    return False
+  _may_page = _compact
 
   # -- buffers --------------------------------------------------------------------
 
   def _buffer(self, buffer_id: bytes):
-    rdd = self._buffer_rdds.get(buffer_id)
-    if rdd is not None:
+    if (rdd := self._buffer_rdds.get(buffer_id)) is not None:
       return rdd
     if buffer_id == IMPULSE_BUFFER:
       # The impulse fires once, in the job's first wave.
@@ -469,10 +471,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     """A GroupByKey's reduce side in this wave: its new records, its state."""
     node = group_node(buffer_id)
     producers = self._producer_rdds.get(buffer_id, [])
-    if producers:
-      records = shuffle_chunks(self._union(producers), self._parallelism)
-    else:
-      records = self.sc.parallelize([], self._parallelism)
+    records = (shuffle_chunks(self._union(producers), self._parallelism)
+               if producers else self.sc.parallelize([], self._parallelism))
     wave = tasks.StreamWave(node, self._clocks(node), self._keyed.chains(node),
                             self._checkpoint.location, serial=self._waves)
     out = records.mapPartitionsWithIndex(

@@ -24,6 +24,7 @@ from beam_pyspark.streaming.endpoints import EndpointBook
 from beam_pyspark.streaming.endpoints import byte_shares
 from beam_pyspark.streaming.endpoints import to_split
 from beam_pyspark.worker import endpoints as worker_endpoints
+from beam_pyspark.worker import fastpath
 from beam_pyspark.worker.endpoints import splittable_input
 
 RESIDUAL_TAG = worker_endpoints.RESIDUAL_TAG
@@ -139,7 +140,8 @@ class StreamReads:
     endpoints, when the next processing-time timer is due, whether the
     job's sources are done (no micro-batch is offered any more)."""
     return {'endpoints': self.book.offer(),
-            'next_processing': next_processing, 'finished': finished}
+            'next_processing': next_processing, 'finished': finished,
+            'busy': any(e.busy for e in self.book.of_all())}
 
   def restore(self, saved: dict, rename) -> dict[str, Optional[int]]:
     """The endpoints a checkpoint committed; each node's hold."""
@@ -168,3 +170,14 @@ def finalize_committed(sc, job_id: str, committed: int) -> None:
                         f'micro-batches up to {committed}'):
     sc.parallelize(range(slots), slots).foreach(
         release.FinalizeCommitted(job_id, committed))
+
+
+def fast_paths(plan: ExecutionPlan, runtime, splittable: set[str]) -> tuple:
+  """A streaming job's stages that take the fast path (``fastpath.choose``):
+  those that keep nothing between elements and wait for nothing, so run as
+  in a batch job: no state or timers, no side inputs (whose readiness holds
+  input back), no restrictions (which the endpoints checkpoint)."""
+  return fastpath.choose([
+      s for s in plan.stages if s.kind == 'sdk' and not s.stateful and
+      not s.timers and not s.side_inputs and s.name not in splittable],
+      runtime)

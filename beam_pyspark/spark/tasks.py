@@ -450,19 +450,27 @@ class SizedElements:
 
 
 class SpreadElements:
-  """Chunks -> (target partition, chunk), elements dealt round robin.
+  """Chunks -> (target partition, chunk), elements dealt round robin
+  (``whole_chunks``: the chunks themselves, none decoded: a streaming
+  read's output, in chunks of thousands, planning.readbreak).
 
   Deterministic (the deal starts at the partition index), so a recomputed
   task sends each element where it went the first time.
   """
-  def __init__(self, ctx: TaskContext, coder_id: str, partitions: int):
+  def __init__(self, ctx: TaskContext, coder_id: str, partitions: int,
+               whole_chunks: bool = False):
     self.ctx = ctx
     self.coder_id = coder_id
     self.partitions = partitions
+    self.whole_chunks = whole_chunks
 
   def __call__(self, index, chunks):
-    impl = self.ctx.runtime().coder_impl(self.coder_id)
     n = self.partitions
+    if self.whole_chunks:
+      for i, chunk in enumerate(chunks, start=index):
+        yield i % n, chunk
+      return
+    impl = self.ctx.runtime().coder_impl(self.coder_id)
     targets: list[list[bytes]] = [[] for _ in range(n)]
     for i, element in enumerate(
         elements.split_elements(impl, chunks), start=index):
@@ -480,6 +488,8 @@ class Transcode:
     self.out_coder_id = out_coder_id
 
   def __call__(self, chunks):
+    if self.in_coder_id == self.out_coder_id:  # the same bytes again
+      return chunks
     runtime = self.ctx.runtime()
     in_impl = runtime.coder_impl(self.in_coder_id)
     out_impl = runtime.coder_impl(self.out_coder_id)

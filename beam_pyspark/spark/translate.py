@@ -37,6 +37,7 @@ from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.messages import forwarded
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.options import RunnerOptions
+from beam_pyspark.planning import readbreak
 from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.names import stage_label
@@ -359,18 +360,17 @@ class SparkPipelineJob:
               tasks.SizedElements(self._ctx, stage.input_coders[in_id]))
           .collect(), 'the sizes of restrictions to pack')
       bins = pack_by_size([s for s, _ in sized], self._parallelism)
-      self.log(
-          f'{stage.name}: {len(sized)} restrictions packed into '
-          f'{len(bins)} partitions by size')
+      self.log(f'{stage.name}: {len(sized)} restrictions packed into '
+               f'{len(bins)} partitions by size')
       packed = [[sized[i][1] for i in b] for b in bins] or [[]]
       out = (
           self.sc.parallelize(packed, len(packed)).flatMap(tasks.identity)
           .mapPartitions(transcode))
     else:
       out = (
-          source.mapPartitionsWithIndex(
-              tasks.SpreadElements(
-                  self._ctx, stage.input_coders[in_id], self._parallelism))
+          source.mapPartitionsWithIndex(tasks.SpreadElements(
+              self._ctx, stage.input_coders[in_id], self._parallelism,
+              readbreak.spreads_chunks(stage.transform_names)))
           .partitionBy(self._parallelism, tasks.identity).values()
           .mapPartitions(transcode))
     tagged = out.map(tasks.Tag(out_id))

@@ -60,3 +60,27 @@ def split_budget(
     # used up its backlog and leaves: each round ends the loop or shrinks it.
     open_ = still_open
   return grants
+
+
+class GrowingBudget:
+  """The default budget of a job's micro-batches, adapting to its backlog:
+  doubled after each micro-batch whose reads had more to read than they
+  were granted (an endpoint left busy: the job falls behind at this
+  budget, and each micro-batch's fixed cost then weighs on fewer records),
+  up to ``most`` times the base; shrunk by a quarter after each that had
+  not (back to the base once caught up). An explicit budget does not
+  grow (``most`` 1)."""
+  def __init__(self, most: int = 1):
+    self.most = max(1, most)
+    self.scale = 1
+    self._after: Optional[int] = None
+
+  def of(self, base: int, after: int, busy: bool) -> int:
+    """The budget of the micro-batch after micro-batch ``after``, whose
+    reads left endpoints ``busy`` or not (asked again for the same one:
+    the same answer)."""
+    if self._after != after:
+      self._after = after
+      self.scale = (min(self.most, self.scale * 2) if busy else
+                    max(1, self.scale * 3 // 4))
+    return base * self.scale

@@ -41,6 +41,7 @@ from beam_pyspark.streaming.timers import TimerTable
 from beam_pyspark.worker import endpoints
 from beam_pyspark.worker.endpoints import splittable_input
 from beam_pyspark.worker import harnesses
+from beam_pyspark.worker import sequence
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.elements import split_elements
@@ -267,6 +268,11 @@ class StageRunner:
     (``halve``: its restriction split in two as it starts); what it leaves
     (self-checkpoints, the runner's splits) as residuals, the first of
     them the endpoint ``endpoint_id`` carried on."""
+    found = sequence.bundle_read(self._descriptor, data, timers, limits)
+    if found is not None:  # PeriodicImpulse's offsets, a grant at a time
+      yield from found[0].read(found[1], limits, endpoint_id, self._metrics)
+      self._bundles += 1
+      return
     parent = [endpoint_id]
 
     def heir() -> Optional[str]:

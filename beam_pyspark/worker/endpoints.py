@@ -386,6 +386,16 @@ class Checkpointer:
       if elapsed >= hang and self.on_hang is not None:
         self.on_hang(elapsed)
         return
+      if budget is not None and self.limits.size is None and not self.split:
+        # In process the claim budget checkpoints at the grant itself: the
+        # time limit is all that is left here, so no progress is polled
+        # (each poll costs the bundle's thread the monitoring infos).
+        if elapsed >= self.limits.secs and budget.claims > 0 and (
+            self._split(0)):
+          return
+        wait = min(max(self.limits.secs - elapsed, MAX_POLL_SECS / 5),
+                   max(MIN_POLL_SECS, hang - elapsed))
+        continue
       progress = self._progress()
       if progress is None:  # not started yet, or ended
         wait = MAX_POLL_SECS / 5
