@@ -132,7 +132,6 @@ class StageRunner:
     self._harness: Optional[harnesses.Harness] = None
     self._metrics: list[metrics_pb2.MonitoringInfo] = []
     self._bundles = 0
-    # Batch: no timers carried in, none due by clocks, no endpoints.
     self._batch = timers is None and clocks is None and limits is None
     self._timers = timers if timers is not None else TimerTable(
         {(t.transform_id, t.family_id): t.time_domain for t in stage.timers})
@@ -150,9 +149,7 @@ class StageRunner:
 
   def run(self, inputs: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
     """Yields (output transform id, encoded chunk) for every DATA_OUTPUT."""
-    if self._batch:
-      # A batch task with no input runs no bundle: no harness for it (a
-      # reduce partition no key went to).
+    if self._batch:  # No input, no bundle: no harness (an empty partition).
       inputs = iter(inputs)
       first = next(inputs, None)
       if first is None:
