@@ -166,9 +166,15 @@ def screenshot_on_failure(driver, tmp_path, name: str):
 
 
 def _text(driver, css: str) -> str:
+  """The element's text; '' while it is not there, or was just replaced
+  by the page's script (a stale reference: the caller polls again)."""
+  from selenium.common.exceptions import StaleElementReferenceException
   from selenium.webdriver.common.by import By
-  found = driver.find_elements(By.CSS_SELECTOR, css)
-  return found[0].text if found else ''
+  try:
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return found[0].text if found else ''
+  except StaleElementReferenceException:
+    return ''
 
 
 def _row(browser, job_name_prefix: str):

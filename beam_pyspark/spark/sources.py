@@ -225,6 +225,11 @@ class Trigger:
   grants: dict  # endpoint id -> records (None: no limit)
 
 
+# Starts of a query whose source's Python process did not connect back.
+_STARTS = 3
+_NO_CONNECT_BACK = 'Python worker failed to connect back'
+
+
 class Query:
   """A job's query: runs ``run_batch(Trigger)`` for each micro-batch, in
   order, on a thread of Spark's, until ``finished()`` or ``stopping()``
@@ -248,6 +253,7 @@ class Query:
     self.run_batch = run_batch
     self.finished, self.stopping = finished, stopping
     self.options = options
+    self.log = log
     self._errors: list[BaseException] = []
     self._started: Optional[float] = None  # until the first micro-batch
 
@@ -264,6 +270,32 @@ class Query:
       reader = reader.option(f'{_STORAGE_PREFIX}{key}', str(value))
     for key, value in self.options.items():
       reader = reader.option(key, str(value))
+    try:
+      self._run_starts(reader)
+    finally:
+      _remove(os.path.join(self.root, STOP_MARKER))
+      _remove(os.path.join(self.root, DRAIN_MARKER))
+    if self._errors:
+      # The engine's own error (a user's traceback), not Spark's wrapping.
+      raise self._errors[0]
+
+  def _run_starts(self, reader) -> None:
+    for attempt in range(1, _STARTS + 1):
+      try:
+        self._run_query(reader)
+        return
+      except Exception as exn:  # pylint: disable=broad-except
+        # Spark waits a fixed 10 s for the source's Python process to
+        # connect back; on a loaded machine it may not. Before a first
+        # micro-batch was offered nothing ran or was written: start again.
+        if (self._started is None or self._errors or attempt == _STARTS or
+            self.stopping() or _NO_CONNECT_BACK not in str(exn)):
+          raise
+        self.log(f'The streaming query did not start ({_NO_CONNECT_BACK} '
+                 f'within Spark\'s 10 s: a loaded machine); starting it '
+                 f'again ({attempt + 1} of {_STARTS}).')
+
+  def _run_query(self, reader) -> None:
     self._started = time.monotonic()
     query = (
         reader.load().writeStream.queryName(f'beam-{self.job_id}')
@@ -288,11 +320,6 @@ class Query:
         query.stop()
       except Exception:  # pylint: disable=broad-except
         pass
-      _remove(os.path.join(self.root, STOP_MARKER))
-      _remove(os.path.join(self.root, DRAIN_MARKER))
-    if self._errors:
-      # The engine's own error (a user's traceback), not Spark's wrapping.
-      raise self._errors[0]
 
   def _warm_workers(self) -> None:
     try:
