@@ -40,6 +40,15 @@ def _flags(engine: str, url: str) -> list[str]:
   return ['--runner=beam_pyspark.PySparkRunner', '--progress=off']
 
 
+def import_paths() -> None:
+  """Both engines' Python workers import benchmarks.records by reference;
+  the tests' Connect server fixture (tests/connect_server.py) is imported
+  here."""
+  os.environ['PYTHONPATH'] = os.pathsep.join(
+      p for p in [REPO_ROOT, os.environ.get('PYTHONPATH')] if p)
+  sys.path.insert(0, os.path.join(REPO_ROOT, 'tests'))
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--size-mb', type=float, default=200)
@@ -49,10 +58,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   corpus_dir = os.path.join(args.out, 'corpus')
-  # Both engines' Python workers import benchmarks.records by reference.
-  os.environ['PYTHONPATH'] = os.pathsep.join(
-      p for p in [REPO_ROOT, os.environ.get('PYTHONPATH')] if p)
-  sys.path.insert(0, os.path.join(REPO_ROOT, 'tests'))
+  import_paths()
   from connect_server import ConnectServer  # pylint: disable=import-outside-toplevel
   from beam_pyspark.spark.session import spark_context  # pylint: disable=import-outside-toplevel
   server_dir = tempfile.mkdtemp(prefix='bench-connect-')

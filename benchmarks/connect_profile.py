@@ -24,7 +24,6 @@ import glob
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
@@ -32,6 +31,7 @@ from benchmarks import corpus
 from benchmarks import workloads as wl
 from benchmarks.connect import REPO_ROOT
 from benchmarks.connect import _flags
+from benchmarks.connect import import_paths
 
 WARMUP_MB = 0.5
 
@@ -151,9 +151,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   corpus_dir = os.path.join(args.out, 'corpus')
-  os.environ['PYTHONPATH'] = os.pathsep.join(
-      p for p in [REPO_ROOT, os.environ.get('PYTHONPATH')] if p)
-  sys.path.insert(0, os.path.join(REPO_ROOT, 'tests'))
+  import_paths()
   from connect_server import ConnectServer  # pylint: disable=import-outside-toplevel
   from beam_pyspark.spark.session import spark_context  # pylint: disable=import-outside-toplevel
   logs = {e: tempfile.mkdtemp(prefix=f'events-{e}-') for e in ('rdd', 'connect')}

@@ -236,7 +236,6 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
   items.sort(key=lambda item: -seconds.get(scope(item), _UNKNOWN_SCOPE_SECS))
 
 
-
 def pytest_unconfigure(config):
   """The failed tests' names once more, as the very last lines: CI shows
   the end of a long output, and pytest's summary of failures comes before

@@ -7,19 +7,12 @@ import os
 import shutil
 import socket
 import sys
-import threading
 from typing import Optional
 
 from beam_pyspark.errors import BeamPySparkError
 from beam_pyspark.spark.jvm import java_options
 
 _LOGGER = logging.getLogger(__name__)
-
-# One thread at a time starts Spark: the job server's warm-up and its first
-# job (a resumed one at once) ask together, and SparkContext publishes
-# itself as the active context before its JVM side exists (a job given it
-# then failed with "'SparkContext' object has no attribute '_jsc'").
-_STARTING = threading.Lock()
 
 DEFAULT_MASTER = 'local[*]'
 
@@ -65,15 +58,14 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
 
   A user who already has Spark running keeps it: the pipeline runs there.
   """
-  with _STARTING:
-    return _spark_context(master, conf)
-
-
-def _spark_context(master: Optional[str], conf: Optional[dict]):
   from pyspark import SparkConf
   from pyspark import SparkContext
 
-  with SparkContext._lock:  # held by getOrCreate while it builds one
+  # Read under the lock getOrCreate holds while it builds a context:
+  # PySpark publishes a SparkContext as active before its JVM side exists,
+  # and the job server's warm-up and its first job (a resumed one at once)
+  # ask together (a job given it failed: "no attribute '_jsc'").
+  with SparkContext._lock:
     active = SparkContext._active_spark_context
   if active is not None:
     if master and active.master != master:
