@@ -30,8 +30,10 @@ from beam_pyspark.connect.partitions import targets
 ROWS = 'tag string, part int, data binary'
 REPORT = '\x00report'
 _ROWS_TYPE = None
-# Bytes of chunks per Arrow batch a task yields.
-BATCH_BYTES = 8 << 20
+# Bytes of chunks per Arrow batch a task yields: about one ~1 MiB chunk,
+# so that the JVM takes in one batch while the task's Python makes the
+# next (as batches reach Python: connect.engine.SESSION_CONF).
+BATCH_BYTES = 1 << 20
 
 
 def rows_type():
