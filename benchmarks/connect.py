@@ -56,6 +56,9 @@ def main(argv=None) -> None:
   parser.add_argument('--workloads', default='wordcount,groupbykey')
   parser.add_argument('--out', default='out/bench/connect')
   args = parser.parse_args(argv)
+  # Absolute: a Connect server runs its Python workers in a directory of
+  # the session's own.
+  args.out = os.path.abspath(args.out)
   os.makedirs(args.out, exist_ok=True)
   corpus_dir = os.path.join(args.out, 'corpus')
   import_paths()
@@ -105,5 +108,27 @@ def main(argv=None) -> None:
     shutil.rmtree(server_dir, ignore_errors=True)
 
 
+def run_and_exit(main_function) -> None:
+  """Runs ``main_function``, then ends the process at once: the Connect
+  client's thread pools would otherwise keep it alive at exit (retrying a
+  server already stopped), holding the benchmark lock."""
+  code = 1
+  try:
+    main_function()
+    code = 0
+  except SystemExit as exn:
+    if isinstance(exn.code, int) or exn.code is None:
+      code = exn.code or 0
+    else:
+      print(exn.code, file=sys.stderr)
+  except BaseException:  # pylint: disable=broad-except
+    import traceback  # pylint: disable=import-outside-toplevel
+    traceback.print_exc()
+  finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+
 if __name__ == '__main__':
-  main()
+  run_and_exit(main)

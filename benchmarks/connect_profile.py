@@ -32,6 +32,7 @@ from benchmarks import workloads as wl
 from benchmarks.connect import REPO_ROOT
 from benchmarks.connect import _flags
 from benchmarks.connect import import_paths
+from benchmarks.connect import run_and_exit
 
 WARMUP_MB = 0.5
 
@@ -73,7 +74,7 @@ def summarize(events: list[dict], since_ms: float) -> list[str]:
       m = e.get('Task Metrics') or {}
       t = tasks.setdefault(e['Stage ID'], dict(
           run=0, cpu=0, ser=0, deser=0, gc=0, write=0, read=0, n=0,
-          wtime=0))
+          wtime=0, fetch=0, each=[]))
       t['n'] += 1
       t['run'] += m.get('Executor Run Time', 0)
       t['cpu'] += m.get('Executor CPU Time', 0) / 1e6
@@ -86,6 +87,11 @@ def summarize(events: list[dict], since_ms: float) -> list[str]:
       t['wtime'] += w.get('Shuffle Write Time', 0) / 1e6
       t['read'] += (r.get('Remote Bytes Read', 0) +
                     r.get('Local Bytes Read', 0))
+      t['fetch'] += r.get('Fetch Wait Time', 0)
+      t['each'].append((m.get('Executor Run Time', 0) / 1e3,
+                        m.get('Executor CPU Time', 0) / 1e9,
+                        (r.get('Local Bytes Read', 0) +
+                         r.get('Remote Bytes Read', 0)) / 2**20))
   out = []
   previous_end = since_ms
   for job_id in sorted(jobs):
@@ -109,6 +115,11 @@ def summarize(events: list[dict], since_ms: float) -> list[str]:
           f'{t.get("write", 0) / 2**20:7.1f} MiB ({t.get("wtime", 0) / 1e3:5.2f}'
           f' s), read {t.get("read", 0) / 2**20:7.1f} MiB  '
           f'{info["Stage Name"][:60]}')
+      if t.get('fetch'):
+        out.append(f'      shuffle fetch wait {t["fetch"] / 1e3:.2f} s')
+      if 0 < len(t.get('each', ())) <= 4:
+        out.append('      tasks (run s, JVM cpu s, read MiB): ' + ', '.join(
+            f'({r:.1f}, {c:.1f}, {m:.0f})' for r, c, m in t['each']))
   return out
 
 
@@ -149,6 +160,9 @@ def main(argv=None) -> None:
   parser.add_argument('--engines', default='rdd,connect')
   parser.add_argument('--repeats', type=int, default=1)
   args = parser.parse_args(argv)
+  # Absolute: a Connect server runs its Python workers in a directory of
+  # the session's own.
+  args.out = os.path.abspath(args.out)
   os.makedirs(args.out, exist_ok=True)
   corpus_dir = os.path.join(args.out, 'corpus')
   import_paths()
@@ -203,4 +217,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
-  main()
+  run_and_exit(main)
