@@ -9,8 +9,8 @@ daemon) and a local[2] SparkContext of its own, then runs each workload
 (benchmarks.workloads) with PySparkRunner on both, alternating which goes
 first in each repeat: ``rdd`` (the RDD engine on the SparkContext) and
 ``connect`` (``--spark_remote``). Both Sparks are warm (a small run of
-each first). Prints each run's wall time, the median ratio connect / rdd
-per workload, and checks that both wrote the same lines (a digest).
+each first). Prints each run's wall time, the ratio connect / rdd of
+each alternating pair and their median per workload, and checks that both wrote the same lines (a digest).
 
 The two engines run in two JVMs of the same settings on the same cores,
 never at once; on a shared machine read the ratios, not the times.
@@ -100,9 +100,12 @@ def main(argv=None) -> None:
       connect = statistics.median(results[(name, 'connect')])
       ratios = [c / r for c, r in zip(results[(name, 'connect')],
                                       results[(name, 'rdd')])]
+      # The median of the pairs' ratios: the load of a shared machine
+      # moves both runs of a pair together more than it moves repeats.
       print(f'{name:12} {args.size_mb:g} MiB: rdd {rdd:.2f} s, connect '
-            f'{connect:.2f} s (medians); connect/rdd {connect / rdd:.2f}x '
-            f'(per repeat: {", ".join(f"{r:.2f}" for r in ratios)})')
+            f'{connect:.2f} s (medians); connect/rdd per repeat '
+            f'{", ".join(f"{r:.2f}" for r in ratios)}: median '
+            f'{statistics.median(ratios):.2f}x')
   finally:
     server.stop()
     shutil.rmtree(server_dir, ignore_errors=True)
