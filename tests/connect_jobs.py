@@ -145,6 +145,15 @@ def main(argv: list[str]) -> None:
     results['dataframe'] = dataframe(out, flags)
     if '--cancel' in argv:
       results['cancelled'] = cancelled(flags)
+    remote = [f.split('=', 1)[1] for f in flags
+              if f.startswith('--spark_remote=')]
+    if remote:
+      # The session's Arrow settings after the jobs (the engine sets its
+      # own while they run).
+      from pyspark.sql.connect.session import SparkSession
+      from beam_pyspark.connect.engine import SESSION_CONF
+      conf = SparkSession.builder.remote(remote[0]).getOrCreate().conf
+      results['session_conf'] = {name: conf.get(name) for name in SESSION_CONF}
     from pyspark.util import is_remote_only
     results['remote_only'] = is_remote_only()
     results['jvm_modules'] = sorted(

@@ -21,6 +21,7 @@ import connect_server
 from connect_server import client_environment
 from connect_server import started_programs
 import connect_jobs
+from beam_pyspark.connect.engine import SESSION_CONF
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, 'connect_jobs.py')
@@ -69,6 +70,11 @@ def test_connect_engine_computes_what_the_rdd_engine_does(tmp_path):
     started_programs(audit)
     assert f'on Spark Connect {server.url}' in log
     cancelled = over_connect.pop('cancelled')
+    # The Arrow batch settings the engine gives the session while its jobs
+    # run are Spark's own again after them.
+    restored = over_connect.pop('session_conf')
+    assert restored['spark.sql.execution.arrow.maxRecordsPerBatch'] == '10000'
+    assert all(restored[k] != v for k, v in SESSION_CONF.items()), restored
     assert over_connect == on_rdd
     # WordCount's output, a counter's committed value, the combines, side
     # inputs and the stateful DoFn (each key's last count) are all there.

@@ -203,26 +203,25 @@ class ConnectPipelineJob(StageTranslator):
     to start, what it had put back by the last to end (jobs of a job
     server share its session)."""
     key = self.spark.session_id
-    try:
-      with _parallelism_lock:
-        entry = _session_conf.setdefault(key, [0, {}])
-        if starting:
-          entry[0] += 1
-          if entry[0] == 1:
-            for name, value in SESSION_CONF.items():
-              entry[1][name] = self.spark.conf.get(name, None)
-              self.spark.conf.set(name, value)
-        else:
-          entry[0] -= 1
-          if entry[0] == 0:
-            del _session_conf[key]
-            for name, value in entry[1].items():
-              if value is None:
-                self.spark.conf.unset(name)
-              else:
-                self.spark.conf.set(name, value)
-    except Exception:  # pylint: disable=broad-except
-      _LOGGER.debug('Could not set %s', sorted(SESSION_CONF), exc_info=True)
+    conf = self.spark.conf
+    with _parallelism_lock:
+      entry = _session_conf.setdefault(key, [0, {}])
+      entry[0] += 1 if starting else -1
+      if starting and entry[0] == 1:
+        for name, value in SESSION_CONF.items():
+          # A setting the endpoint refuses is left as it is.
+          with _logged(f'Could not set {name}'):
+            previous = conf.get(name, None)
+            conf.set(name, value)
+            entry[1][name] = previous
+      elif not starting and entry[0] == 0:
+        del _session_conf[key]
+        for name, value in entry[1].items():
+          with _logged(f'Could not restore {name}'):
+            if value is None:
+              conf.unset(name)
+            else:
+              conf.set(name, value)
 
   def _ship_dependencies(self) -> None:
     """The job's staged files, served by this client to the server's
@@ -335,6 +334,15 @@ class TaskProgress:
       return {}
     return {'tasks_total': total, 'tasks_done': finished,
             'tasks_active': active}
+
+
+@contextlib.contextmanager
+def _logged(what: str):
+  """Any error of the block logged at debug level, not raised."""
+  try:
+    yield
+  except Exception:  # pylint: disable=broad-except
+    _LOGGER.debug('%s', what, exc_info=True)
 
 
 def _loopback(spark) -> bool:
