@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import types
 from typing import Callable
 from typing import Optional
@@ -354,6 +355,10 @@ def _combine(name: str, fn: core.CombineFn) -> tuple[core.CombineFn, str, int]:
     kind = 'count'
   elif type(fn) is combiners.MeanCombineFn:
     kind = 'mean'
+  elif (type(fn) in (combiners.TopCombineFn, combiners.Largest) and
+        fn._compare is operator.lt and fn._key is None and  # pylint: disable=protected-access
+        type(fn._n) is int and fn._n > 0):  # pylint: disable=protected-access,unidiomatic-typecheck
+    kind = 'top'
   return fn, kind, max_keys
 
 
