@@ -261,7 +261,7 @@ def _pardo(step: Step, dofn, args: list, kwargs: dict, window_fn) -> Call:
     call.fn = _writer_process(dofn)
     call.args, call.kwargs = args, kwargs
     return call
-  wrapped = _unwrapped(dofn, args, kwargs)
+  wrapped = _unwrapped(dofn, signature, args, kwargs)
   if wrapped is not None:
     call.kind, call.fn, call.star = wrapped
     call.args, call.kwargs = args, kwargs
@@ -284,7 +284,7 @@ def _pardo(step: Step, dofn, args: list, kwargs: dict, window_fn) -> Call:
   return call
 
 
-def _unwrapped(dofn, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
+def _unwrapped(dofn, signature, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
   """Map's, MapTuple's and Filter's wrappers as (kind, the user's
   function, star), or None."""
   if type(dofn) is not core.CallableWrapperDoFn:  # pylint: disable=unidiomatic-typecheck
@@ -293,7 +293,7 @@ def _unwrapped(dofn, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
   code = getattr(fn, '__code__', None)
   if code is None or not fn.__closure__:
     return None
-  if DoFnSignature(dofn).process_method.defaults:
+  if signature.process_method.defaults:
     return None  # DoFn parameters: laid out by _get_arg_placeholders
   inner = fn.__closure__[0].cell_contents
   key = _code_key(code)

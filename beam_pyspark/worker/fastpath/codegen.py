@@ -413,12 +413,24 @@ def feed_functions(tree: Tree, names: dict, bound: list, tracker) -> dict:
   return feeds
 
 
+_COMPILED: dict = {}
+_COMPILED_MAX = 256
+
+
 def _compile(name: str, params: str, lines: list, namespace: dict,
              label: str) -> Callable:
   bound = ', '.join(f'{n}={n}' for n in sorted(namespace))
   source = f'def {name}{params}, {bound}):\n' + '\n'.join(lines) + '\n'
   scope = dict(namespace)
-  exec(compile(source, f'<fast path {label}>', 'exec'), scope)  # pylint: disable=exec-used
+  # Every task of a stage writes the same source: compiled once per worker
+  # (the values are the defaults, bound by each exec).
+  key = (source, label)
+  code = _COMPILED.get(key)
+  if code is None:
+    if len(_COMPILED) >= _COMPILED_MAX:
+      _COMPILED.clear()
+    code = _COMPILED[key] = compile(source, f'<fast path {label}>', 'exec')
+  exec(code, scope)  # pylint: disable=exec-used
   fn = scope[name]
   fn.source = source
   return fn
