@@ -284,7 +284,8 @@ def _pardo(step: Step, dofn, args: list, kwargs: dict, window_fn) -> Call:
   return call
 
 
-def _unwrapped(dofn, signature, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
+def _unwrapped(dofn, signature, args,
+               kwargs) -> Optional[tuple[str, Callable, bool]]:
   """Map's, MapTuple's and Filter's wrappers as (kind, the user's
   function, star), or None."""
   if type(dofn) is not core.CallableWrapperDoFn:  # pylint: disable=unidiomatic-typecheck
