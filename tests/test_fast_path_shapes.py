@@ -316,3 +316,28 @@ def test_finish_bundle_outputs_keep_their_windows():
       | beam.ParDo(Windowed()) | beam.GroupByKey()))
   encoded, counts, _, error = stage.compare()
   assert error is None and len(encoded) == 6
+
+
+@pytest.mark.parametrize('ops', [
+    [('ops', 1)] * 10, [('ops', -3)] * 4 + [('dist', 5)],
+    [('ops', 2), ('other', 2), ('ops', 2)]])
+def test_an_elements_counter_updates_settle_as_beams(ops):
+  """ParDoTest's CounterOperation: one counter incremented many times per
+  element (settled as one update), and mixed updates."""
+  class Ops(beam.DoFn):
+    def __init__(self):
+      self.counters = {n: Metrics.counter('load', n) for n in ('ops', 'other')}
+      self.dist = Metrics.distribution('load', 'dist')
+
+    def process(self, x):
+      for name, value in ops:
+        if name == 'dist':
+          self.dist.update(value)
+        else:
+          self.counters[name].inc(value)
+      yield x
+
+  stage = Planned(lambda p: numbers()(p) | 'Ops' >> beam.ParDo(Ops()),
+                  bundle_bytes=1 << 20)
+  _, _, user, _ = stage.compare()
+  assert user[('Ops', 'ops')] == 600 * sum(v for n, v in ops if n == 'ops')
