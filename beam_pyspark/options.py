@@ -373,8 +373,20 @@ class RunnerOptions:
         environment_overrides=list(ours.environment_override or ()),
         job_options={
             f'beam:option:{name}:v1': value
-            for name, value in options.get_all_options(
-                retain_unknown_options=True).items() if value is not None})
+            for name, value in (
+                (name, _job_option_value(value)) for name, value in
+                options.get_all_options(retain_unknown_options=True).items())
+            if value is not None})
+
+
+def _job_option_value(value):
+  """An option's value as Beam's PortableRunner sends it in a job: a
+  ``ValueProvider`` (a templated pipeline's option) as its value when it has
+  one, else left out; it is not JSON and no job's option."""
+  from apache_beam.options.value_provider import ValueProvider
+  if isinstance(value, ValueProvider):
+    return value.get() if value.is_accessible() else None
+  return value
 
 
 # -- describing and checking options ------------------------------------------

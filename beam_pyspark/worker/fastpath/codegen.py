@@ -138,7 +138,7 @@ class _Writer:
       name = params.get(position)
       parts.append({
           None: f'a{i}_{position}', 'timestamp': f'{m}.timestamp',
-          'window': f'{m}.windows[0]', 'pane': f'{m}.pane_info',
+          'window': f'user_window({m}.windows[0])', 'pane': f'{m}.pane_info',
           'windowed_value': f'{m}.with_value({x})'}[name])
     if call.kwargs:
       parts.append(f'**kw{i}')
@@ -261,7 +261,8 @@ def _namespace(tree: Tree, names: dict, bound: list) -> dict:
       Fallback=Fallback, CLEAN=CLEAN, UNCLEAN=UNCLEAN, SOURCE=SOURCE,
       SpecialOutput=chains.SpecialOutput, type=type, len=len, str=str,
       bytes=bytes, dict=dict, Exception=Exception, cap=SPILL_OUTPUTS,
-      bad_output=outputs.bad_output, MISSING=chains.MISSING, per_window=outputs.per_window)
+      bad_output=outputs.bad_output, MISSING=chains.MISSING,
+      per_window=outputs.per_window, user_window=outputs.user_window)
   return namespace
 
 
