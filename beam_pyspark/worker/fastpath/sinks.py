@@ -215,6 +215,7 @@ class Table(Sink):
     super().__init__(index, TABLE, out.output_id, out.ready, out.limit)
     combine = call.combine
     self.out = out
+    self.transform_id = call.step.transform_id
     self.combine_kind = call.combine_kind
     self.windowed = not call.windowing.is_default()
     self.table: dict = {}
