@@ -344,12 +344,14 @@ class RunnerOptions:
     """From ``PipelineOptions``; the master only if it was set explicitly
     (Beam's default master must not replace a user's running Spark)."""
     from apache_beam.options import pipeline_options as po
-    explicit = options.get_all_options(drop_default=True)
+    # Explicit: not Beam's default (get_all_options(drop_default=True)'s
+    # test, without its 7 ms of parsing).
+    master = options.view_as(po.SparkRunnerOptions).spark_master_url
     ours = options.view_as(PySparkRunnerOptions)
     worker = options.view_as(po.WorkerOptions)
     split = ours.split_stragglers_after_secs
     return cls(
-        master=explicit.get('spark_master_url'),
+        master=None if master == BEAM_DEFAULT_MASTER else master,
         remote=ours.spark_remote or None,
         conf=parse_conf(ours.spark_conf),
         parallelism=ours.spark_parallelism,
@@ -371,8 +373,20 @@ class RunnerOptions:
         environment_overrides=list(ours.environment_override or ()),
         job_options={
             f'beam:option:{name}:v1': value
-            for name, value in options.get_all_options(
-                retain_unknown_options=True).items() if value is not None})
+            for name, value in (
+                (name, _job_option_value(value)) for name, value in
+                options.get_all_options(retain_unknown_options=True).items())
+            if value is not None})
+
+
+def _job_option_value(value):
+  """An option's value as Beam's PortableRunner sends it in a job: a
+  ``ValueProvider`` (a templated pipeline's option) as its value when it has
+  one, else left out; it is not JSON and no job's option."""
+  from apache_beam.options.value_provider import ValueProvider
+  if isinstance(value, ValueProvider):
+    return value.get() if value.is_accessible() else None
+  return value
 
 
 # -- describing and checking options ------------------------------------------

@@ -103,6 +103,23 @@ def test_combines_inlined_or_called_give_beams_accumulators(combine):
   assert len(records) == 97 and max(counts.values()) == 5000
 
 
+@pytest.mark.parametrize('combine, kind', [
+    (combiners.TopCombineFn(20), 'top'), (combiners.Largest(3), 'top'),
+    (combiners.TopCombineFn(4, reverse=True), 'generic'),
+    (combiners.TopCombineFn(4, key=abs), 'generic')])
+def test_top_inlined_or_called_keeps_beams_heap(combine, kind):
+  """Top's heap in the default order, inlined: ties between values equal
+  but not alike (3 and 3.0) kept as Beam's add_input keeps them."""
+  stage = Planned(lambda p: (
+      p | beam.Impulse() | beam.FlatMap(lambda _: range(5000))
+      | beam.Map(lambda x: (x % 7, x % 40 if x % 3 else float(x % 40)))
+      | beam.CombinePerKey(combine)))
+  records, counts, _, _ = stage.compare()
+  (call, ) = [c for c in stage.last.instances.calls if c.kind == chains.COMBINE]
+  assert call.combine_kind == kind
+  assert len(records) == 7 and max(counts.values()) == 5000
+
+
 def test_typed_keys_and_materialized_output_are_encoded_as_the_harness_does():
   typed = Planned(lambda p: (
       p | beam.Impulse() | beam.FlatMap(lambda _: range(3000))

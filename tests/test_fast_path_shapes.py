@@ -255,6 +255,37 @@ def test_metrics_from_every_step_and_bundle_method():
   assert user[('Step', 'step-runtime')] == (2, )
 
 
+def test_a_combine_fns_metrics_are_its_precombines_in_every_branch():
+  # Beam's combiners_test (test_custormized_counters_in_combine_fn) with
+  # its CombineFn, which the loop precombines as Beam's own (a user's
+  # runs on the harness): the add_input updates of two combines fed by a
+  # read were lost (the loop not yet metered: made in the commit, after
+  # the element's check) or went to the step that ran before (metered:
+  # the read's), not to each combine's Precombine as on the harness.
+  from apache_beam.transforms.combiners_test import SortedConcatWithCounters
+
+  def build(p):
+    pairs = p | beam.Create(
+        [(f'k{i % 3}', 'x' * (i % 4)) for i in range(50)], reshuffle=False)
+    _ = pairs | beam.Values() | 'Global' >> beam.CombineGlobally(
+        SortedConcatWithCounters())
+    _ = pairs | 'PerKey' >> beam.CombinePerKey(SortedConcatWithCounters())
+
+  def steps(user):  # a gauge's payload holds its time: its step only
+    return {k: (v if k[1] != 'last_word_len' else None)
+            for k, v in user.items()}
+
+  stage = Planned(build, label='Create-Impulse')
+  user = steps(stage.run(fast=False)[2])
+  assert user[('Global/CombinePerKey/Precombine', 'word_counter')] == 50
+  assert user[('PerKey/Precombine', 'word_counter')] == 50
+  assert len([k for k in user if k[1] == 'word_counter']) == 2, user
+  # The loop learning where updates go, then once it has learned.
+  assert steps(stage.run(fast=True, release=False)[2]) == user
+  assert stage.fell_back is None
+  assert steps(stage.run(fast=True)[2]) == user
+
+
 def test_setup_once_per_instance_and_teardown_at_release(tmp_path):
   log = tmp_path / 'life.txt'
 
@@ -316,3 +347,28 @@ def test_finish_bundle_outputs_keep_their_windows():
       | beam.ParDo(Windowed()) | beam.GroupByKey()))
   encoded, counts, _, error = stage.compare()
   assert error is None and len(encoded) == 6
+
+
+@pytest.mark.parametrize('ops', [
+    [('ops', 1)] * 10, [('ops', -3)] * 4 + [('dist', 5)],
+    [('ops', 2), ('other', 2), ('ops', 2)]])
+def test_an_elements_counter_updates_settle_as_beams(ops):
+  """ParDoTest's CounterOperation: one counter incremented many times per
+  element (settled as one update), and mixed updates."""
+  class Ops(beam.DoFn):
+    def __init__(self):
+      self.counters = {n: Metrics.counter('load', n) for n in ('ops', 'other')}
+      self.dist = Metrics.distribution('load', 'dist')
+
+    def process(self, x):
+      for name, value in ops:
+        if name == 'dist':
+          self.dist.update(value)
+        else:
+          self.counters[name].inc(value)
+      yield x
+
+  stage = Planned(lambda p: numbers()(p) | 'Ops' >> beam.ParDo(Ops()),
+                  bundle_bytes=1 << 20)
+  _, _, user, _ = stage.compare()
+  assert user[('Ops', 'ops')] == 600 * sum(v for n, v in ops if n == 'ops')

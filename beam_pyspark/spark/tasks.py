@@ -37,6 +37,7 @@ from beam_pyspark.worker.fastpath import FastStage
 from beam_pyspark.worker.shuffle.grouping import group_values
 from beam_pyspark.worker.setup.logs import capture_logs
 from beam_pyspark.worker.runtime import job_runtime
+from beam_pyspark.worker.runtime import use_job_options
 from beam_pyspark.worker import endpoints
 from beam_pyspark.worker import finalization
 from beam_pyspark.worker import statestore
@@ -254,6 +255,7 @@ class RunStage:
   def __call__(self, index: int, records: Iterable) -> Iterator:
     ctx = self.ctx
     runtime = ctx.runtime()
+    use_job_options(ctx.pipeline_options)
     stage = self.stage
     attempt = task_attempt()
     # Pages left by an earlier task of this Python worker are stale now.

@@ -123,3 +123,39 @@ def job_runtime(job_id: str, components: bytes) -> JobRuntime:
 def forget_job(job_id: str) -> None:
   with _lock:
     _runtimes.pop(job_id, None)
+
+
+_options_in_use: object = None
+
+
+def use_job_options(options: dict | None) -> None:
+  """What Beam's SDK worker does with its job's options when it starts
+  (``sdk_worker_main``), done in this Python worker for the job whose task
+  runs here: a templated pipeline's ``RuntimeValueProvider`` options read
+  their values, ``FileSystems`` gets the job's options (``hdfs_host``, S3
+  and GCS settings) and the pickler the job's ``pickle_library``. A Python
+  worker runs one task at a time; it does this again only when the job's
+  options differ from the last task's."""
+  global _options_in_use
+  options = options or {}
+  if options == _options_in_use:
+    return
+  from apache_beam.internal import pickler
+  from apache_beam.io.filesystems import FileSystems
+  from apache_beam.options.pipeline_options import PipelineOptions
+  from apache_beam.options.pipeline_options import SetupOptions
+  from apache_beam.options.value_provider import RuntimeValueProvider
+  plain = {_option_name(key): value for key, value in options.items()}
+  RuntimeValueProvider.set_runtime_options(plain)
+  pipeline_options = PipelineOptions.from_dictionary(plain)
+  FileSystems.set_options(pipeline_options)
+  pickler.set_library(pipeline_options.view_as(SetupOptions).pickle_library)
+  _options_in_use = dict(options)
+
+
+def _option_name(key: str) -> str:
+  """A Job API option's name as PipelineOptions knows it:
+  ``beam:option:NAME:v1`` -> ``NAME``."""
+  if key.startswith('beam:option:') and key.endswith(':v1'):
+    return key[len('beam:option:'):-len(':v1')]
+  return key

@@ -298,6 +298,9 @@ class FastStage:
       self.names[f's{i}'] = self._metrics.containers[call.step.transform_id]
     for sink in self.sinks:
       self.names.update(sink.names)
+    for table, _ in self.tables:
+      self.names[f'ts{table.index}'] = self._metrics.containers[
+          table.transform_id]
     values = side_values(self.runtime, spec, calls, self.side_inputs)
     self.bound = [c.bind(values[i]) for i, c in enumerate(calls)]
     self._compile()

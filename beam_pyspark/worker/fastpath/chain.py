@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import types
 from typing import Callable
 from typing import Optional
@@ -260,7 +261,7 @@ def _pardo(step: Step, dofn, args: list, kwargs: dict, window_fn) -> Call:
     call.fn = _writer_process(dofn)
     call.args, call.kwargs = args, kwargs
     return call
-  wrapped = _unwrapped(dofn, args, kwargs)
+  wrapped = _unwrapped(dofn, signature, args, kwargs)
   if wrapped is not None:
     call.kind, call.fn, call.star = wrapped
     call.args, call.kwargs = args, kwargs
@@ -283,7 +284,8 @@ def _pardo(step: Step, dofn, args: list, kwargs: dict, window_fn) -> Call:
   return call
 
 
-def _unwrapped(dofn, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
+def _unwrapped(dofn, signature, args,
+               kwargs) -> Optional[tuple[str, Callable, bool]]:
   """Map's, MapTuple's and Filter's wrappers as (kind, the user's
   function, star), or None."""
   if type(dofn) is not core.CallableWrapperDoFn:  # pylint: disable=unidiomatic-typecheck
@@ -292,7 +294,7 @@ def _unwrapped(dofn, args, kwargs) -> Optional[tuple[str, Callable, bool]]:
   code = getattr(fn, '__code__', None)
   if code is None or not fn.__closure__:
     return None
-  if DoFnSignature(dofn).process_method.defaults:
+  if signature.process_method.defaults:
     return None  # DoFn parameters: laid out by _get_arg_placeholders
   inner = fn.__closure__[0].cell_contents
   key = _code_key(code)
@@ -354,6 +356,10 @@ def _combine(name: str, fn: core.CombineFn) -> tuple[core.CombineFn, str, int]:
     kind = 'count'
   elif type(fn) is combiners.MeanCombineFn:
     kind = 'mean'
+  elif (type(fn) in (combiners.TopCombineFn, combiners.Largest) and
+        fn._compare is operator.lt and fn._key is None and  # pylint: disable=protected-access
+        type(fn._n) is int and fn._n > 0):  # pylint: disable=protected-access,unidiomatic-typecheck
+    kind = 'top'
   return fn, kind, max_keys
 
 

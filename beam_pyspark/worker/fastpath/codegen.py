@@ -28,13 +28,13 @@ harness takes the element.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 from typing import Callable
 from typing import Optional
 
 from beam_pyspark.worker.fastpath import chain as chains
 from beam_pyspark.worker.fastpath import outputs
+from beam_pyspark.worker.fastpath import sinks
 from beam_pyspark.worker.fastpath.chain import Call
 
 # An element's outputs held back before they are committed anyway (a
@@ -75,6 +75,7 @@ class _Writer:
     self.local_counts: dict[str, str] = {}  # pcoll -> counter variable
     self.derived: dict[str, str] = {}  # pcoll -> its count expression
     self.holds: dict[int, str] = {}  # sink index -> its held variable
+    self.tables_at: dict[int, int] = {}  # line number -> table sink index
     self.single = False
     self._ids = itertools.count()
 
@@ -82,6 +83,20 @@ class _Writer:
     self.lines.append(indent + text)
     if call is not None:
       self.calls_at[len(self.lines) + 1] = call  # +1: the def line
+
+  def sink_lines(self, indent: str, sink, texts: list) -> None:
+    """A sink's code. A precombine's table runs its CombineFn's
+    ``add_input``, whose metric updates are the combine's step's (the
+    harness's state sampler has the Precombine's): found by line until an
+    update has been seen, then set (``ts<s>``) in the metered loop, since
+    the table's code runs in another call's output or in the commit."""
+    table = sink.kind == sinks.TABLE
+    if table and self.tree.metered:
+      texts = [f'w.step = ts{sink.index}'] + texts + ['w.step = None']
+    for text in texts:
+      self.line(indent, text)
+      if table:
+        self.tables_at[len(self.lines) + 1] = sink.index  # +1: the def line
 
   def var(self, prefix: str) -> str:
     return f'{prefix}{next(self._ids)}'
@@ -118,8 +133,7 @@ class _Writer:
     if sink.kind == 'discard':
       return
     if not self.held:
-      for text in sink.put(x, m):
-        self.line(indent, text)
+      self.sink_lines(indent, sink, sink.put(x, m))
       return
     if self.single:
       self.line(indent, f'h{sink.index} = {sink.hold(x, m)}')
@@ -128,8 +142,7 @@ class _Writer:
     self.line(indent, f'{held}.append({sink.hold(x, m)})')
     self.line(indent, f'if len({held}) >= cap:')
     self.line(indent, '  spilled += 1')
-    for text in sink.commit(held):
-      self.line(indent + '  ', text)
+    self.sink_lines(indent + '  ', sink, sink.commit(held))
     self.line(indent, f'  {held}.clear()')
 
   def args(self, i: int, call: Call, x: str, m: str) -> str:
@@ -139,7 +152,7 @@ class _Writer:
       name = params.get(position)
       parts.append({
           None: f'a{i}_{position}', 'timestamp': f'{m}.timestamp',
-          'window': f'{m}.windows[0]', 'pane': f'{m}.pane_info',
+          'window': f'user_window({m}.windows[0])', 'pane': f'{m}.pane_info',
           'windowed_value': f'{m}.with_value({x})'}[name])
     if call.kwargs:
       parts.append(f'**kw{i}')
@@ -262,7 +275,8 @@ def _namespace(tree: Tree, names: dict, bound: list) -> dict:
       Fallback=Fallback, CLEAN=CLEAN, UNCLEAN=UNCLEAN, SOURCE=SOURCE,
       SpecialOutput=chains.SpecialOutput, type=type, len=len, str=str,
       bytes=bytes, dict=dict, Exception=Exception, cap=SPILL_OUTPUTS,
-      bad_output=outputs.bad_output, MISSING=chains.MISSING, per_window=outputs.per_window)
+      bad_output=outputs.bad_output, MISSING=chains.MISSING,
+      per_window=outputs.per_window, user_window=outputs.user_window)
   return namespace
 
 
@@ -280,11 +294,10 @@ def _finish(writer: _Writer, indent: str) -> None:
   for sink in sinks:
     if writer.single:
       writer.line(indent, f'  if h{sink.index} is not MISSING:')
-      for text in sink.put_held(f'h{sink.index}'):
-        writer.line(indent + '    ', text)
+      writer.sink_lines(indent + '    ', sink,
+                        sink.put_held(f'h{sink.index}'))
     else:
-      for text in sink.commit(f'o{sink.index}'):
-        writer.line(indent + '  ', text)
+      writer.sink_lines(indent + '  ', sink, sink.commit(f'o{sink.index}'))
   writer.line(indent, 'except Exception as exn:')
   writer.line(indent, '  raise Fallback(UNCLEAN, meta, v, exn)')
 
@@ -325,6 +338,8 @@ def compile_loop(tree: Tree, names: dict, bound: list, read: bool,
   body = w.lines[body_start:]
   del w.lines[body_start:]
   calls_at = dict(w.calls_at)
+  tables_at = dict(w.tables_at)
+  w.tables_at.clear()
   head = []
   counters = list(w.local_counts.values())
   if w.single:
@@ -379,7 +394,9 @@ def compile_loop(tree: Tree, names: dict, bound: list, read: bool,
   namespace['w'] = tracker
   run = _compile('run', '(units, meta', w.lines, namespace, 'run')
   tracker.lines[run.__code__] = {
-      line + offset: names[f's{i}'] for line, i in calls_at.items()}
+      **{line + offset: names[f's{i}'] for line, i in calls_at.items()},
+      **{line + offset: names[f'ts{s}'] for line, s in tables_at.items()},
+      **{line: names[f'ts{s}'] for line, s in w.tables_at.items()}}
   return run
 
 
@@ -409,17 +426,14 @@ def feed_functions(tree: Tree, names: dict, bound: list, tracker) -> dict:
     namespace[f'finish_output{i}'] = outputs.finish_output(call)
     feed = _compile(f'feed{i}', '(items', w.lines, namespace, f'feed{i}')
     tracker.lines[feed.__code__] = {
-        line: names[f's{c}'] for line, c in w.calls_at.items()}
+        **{line: names[f's{c}'] for line, c in w.calls_at.items()},
+        **{line: names[f'ts{s}'] for line, s in w.tables_at.items()}}
     feeds[i] = feed
   return feeds
 
 
-@functools.lru_cache(maxsize=256)
-def _compiled(source: str, label: str):
-  """The source compiled once per Python worker: a streaming job's stages
-  run again every micro-batch, and compiling their loop each time was
-  ~2.5% of a streaming count's worker CPU."""
-  return compile(source, f'<fast path {label}>', 'exec')
+_COMPILED: dict = {}
+_COMPILED_MAX = 256
 
 
 def _compile(name: str, params: str, lines: list, namespace: dict,
@@ -427,7 +441,15 @@ def _compile(name: str, params: str, lines: list, namespace: dict,
   bound = ', '.join(f'{n}={n}' for n in sorted(namespace))
   source = f'def {name}{params}, {bound}):\n' + '\n'.join(lines) + '\n'
   scope = dict(namespace)
-  exec(_compiled(source, label), scope)  # pylint: disable=exec-used
+  # Every task of a stage writes the same source: compiled once per worker
+  # (the values are the defaults, bound by each exec).
+  key = (source, label)
+  code = _COMPILED.get(key)
+  if code is None:
+    if len(_COMPILED) >= _COMPILED_MAX:
+      _COMPILED.clear()
+    code = _COMPILED[key] = compile(source, f'<fast path {label}>', 'exec')
+  exec(code, scope)  # pylint: disable=exec-used
   fn = scope[name]
   fn.source = source
   return fn

@@ -150,6 +150,15 @@ def per_window(x, m):
   return [chains.WindowedValue(x, m.timestamp, (w, )) for w in m.windows]
 
 
+def user_window(window):
+  """The window a DoFn's ``WindowParam`` gets: Beam's own
+  ``IntervalWindow``, never the loop's ``_HashedWindow`` (a user may look
+  at its type)."""
+  if type(window) is _HashedWindow:  # pylint: disable=unidiomatic-typecheck
+    return IntervalWindow(window.start, window.end)
+  return window
+
+
 def bad_output(results):
   raise TypeError(
       'Returning a %s from a ParDo or FlatMap is not allowed. '

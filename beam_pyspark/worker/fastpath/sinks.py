@@ -23,6 +23,7 @@ records.
 
 from __future__ import annotations
 
+import heapq
 import zlib
 from typing import Optional
 
@@ -102,6 +103,20 @@ if acc is None:
     evict{s}()
   acc = (0, 0)
 table{s}[wk] = (acc[0] + val, acc[1] + 1)""",
+    # TopCombineFn's add_input in its default order (no key, not reversed:
+    # the elements themselves in the heap): heappush, or heappushpop's
+    # own test and replacement, on the same heap in the same order.
+    'top': """
+acc = table{s}.get(wk)
+if acc is None:
+  if len(table{s}) >= max_keys{s}:
+    evict{s}()
+  acc = table{s}[wk] = (False, [])
+heap = acc[1]
+if len(heap) < top_n{s}:
+  heappush(heap, val)
+elif heap[0] < val:
+  heapreplace(heap, val)""",
 }
 
 
@@ -200,6 +215,7 @@ class Table(Sink):
     super().__init__(index, TABLE, out.output_id, out.ready, out.limit)
     combine = call.combine
     self.out = out
+    self.transform_id = call.step.transform_id
     self.combine_kind = call.combine_kind
     self.windowed = not call.windowing.is_default()
     self.table: dict = {}
@@ -212,6 +228,8 @@ class Table(Sink):
         f'add_input{index}': combine.add_input,
         f'buffer_size{index}': getattr(combine, '_buffer_size', 0),
         f'combine_fn{index}': getattr(combine, '_fn', None),
+        f'top_n{index}': getattr(combine, '_n', 0),
+        'heappush': heapq.heappush, 'heapreplace': heapq.heapreplace,
         'MISSING': chains.MISSING, 'unwrap': unwrap})
     self.names.update(out.names)
     self._encode = out.names.get(f'encode{out.index}')
