@@ -114,3 +114,15 @@ def test_the_fast_paths_fixed_windows_are_beams_interval_windows():
   assert hash(got) == hash(beams) and {beams: 1}[got] == {got: 1}[beams]
   assert isinstance(got, window.IntervalWindow) and got < other
   assert type(pickle.loads(pickle.dumps(got))) is window.IntervalWindow  # pylint: disable=unidiomatic-typecheck
+
+
+def test_grouping_state_entries_are_zlib_and_old_bz2_entries_still_read():
+  from apache_beam.internal import pickler
+  from beam_pyspark.worker import streaming as worker_streaming
+  value = (b'key', {'window': [1, 2, 3], 'pane': 'x' * 300})
+  written = worker_streaming._dump_entry(value)  # pylint: disable=protected-access
+  old = pickler.dumps(value)  # what checkpoints before hold: bz2
+  assert not written.startswith(worker_streaming._BZ2_ENTRY)  # pylint: disable=protected-access
+  assert old.startswith(worker_streaming._BZ2_ENTRY)  # pylint: disable=protected-access
+  assert worker_streaming._load_entry(written) == value  # pylint: disable=protected-access
+  assert worker_streaming._load_entry(old) == value  # pylint: disable=protected-access
