@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 
 from apache_beam.coders import coders
@@ -140,11 +141,23 @@ def use_job_options(options: dict | None) -> None:
   options = options or {}
   if options == _options_in_use:
     return
-  from apache_beam.internal import pickler
-  from apache_beam.io.filesystems import FileSystems
-  from apache_beam.options.pipeline_options import PipelineOptions
-  from apache_beam.options.pipeline_options import SetupOptions
-  from apache_beam.options.value_provider import RuntimeValueProvider
+  root = logging.getLogger()
+  quiet = None if root.handlers else logging.NullHandler()
+  if quiet is not None:
+    # Importing Beam's file systems logs through the root logger ('apitools
+    # not found'), which would give this worker's root logger Python's
+    # default console handler: every later log of its tasks printed on
+    # the console besides the job's messages.
+    root.addHandler(quiet)
+  try:
+    from apache_beam.internal import pickler
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import SetupOptions
+    from apache_beam.options.value_provider import RuntimeValueProvider
+  finally:
+    if quiet is not None:
+      root.removeHandler(quiet)
   plain = {_option_name(key): value for key, value in options.items()}
   RuntimeValueProvider.set_runtime_options(plain)
   pipeline_options = PipelineOptions.from_dictionary(plain)
