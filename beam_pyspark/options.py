@@ -350,6 +350,8 @@ class RunnerOptions:
     ours = options.view_as(PySparkRunnerOptions)
     worker = options.view_as(po.WorkerOptions)
     split = ours.split_stragglers_after_secs
+    values = {name: _job_option_value(value) for name, value in
+              options.get_all_options(retain_unknown_options=True).items()}
     return cls(
         master=None if master == BEAM_DEFAULT_MASTER else master,
         remote=ours.spark_remote or None,
@@ -373,10 +375,7 @@ class RunnerOptions:
         environment_overrides=list(ours.environment_override or ()),
         job_options={
             f'beam:option:{name}:v1': value
-            for name, value in (
-                (name, _job_option_value(value)) for name, value in
-                options.get_all_options(retain_unknown_options=True).items())
-            if value is not None})
+            for name, value in values.items() if value is not None})
 
 
 def _job_option_value(value):
