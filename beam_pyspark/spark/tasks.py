@@ -156,6 +156,12 @@ def _quiet_worker_console() -> None:
     if (type(handler) is logging.StreamHandler and  # pylint: disable=unidiomatic-typecheck
         handler.stream in (sys.stderr, sys.__stderr__)):
       root.removeHandler(handler)
+  # And none again: ``logging.warning`` and friends run ``basicConfig``
+  # whenever the root logger has no handler at all, so a module imported
+  # later (unpickling a DoFn that imports Beam's GCP IO logs 'apitools not
+  # found') would bring the console handler back for every later task.
+  if not any(isinstance(h, logging.NullHandler) for h in root.handlers):
+    root.addHandler(logging.NullHandler())
 
 
 def identity(x):
