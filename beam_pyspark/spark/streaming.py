@@ -24,7 +24,6 @@ exhausted, watermarks and processing time go to +inf.
 
 from __future__ import annotations
 
-import collections
 import time
 from typing import Optional
 
@@ -43,6 +42,7 @@ from beam_pyspark.spark.checkpoints import after_failure
 from beam_pyspark.spark.checkpoints import JobCheckpoint
 from beam_pyspark.spark.checkpoints import default_location
 from beam_pyspark.spark.checkpoints import stable_node_names
+from beam_pyspark.spark.controls import WaveControls
 from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark import sources
 from beam_pyspark.spark import streamreads
@@ -57,8 +57,6 @@ from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.worker.streaming import HELD_TAG
 from beam_pyspark.worker.streaming import REPORT_TAG
 from beam_pyspark.worker.streaming import Clocks
-from beam_pyspark.worker.streaming import is_control
-from beam_pyspark.worker.streaming import is_data
 
 _DETAILED = beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_DETAILED
 
@@ -106,9 +104,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._finished = self._stop = False
     self._deferred_seen = 0
     self._log = batchlog.BatchLog(plan)
-    # Keyed nodes' control records, collected at the end of each wave.
-    self._controls: list = []
-    self._control_nodes: list = []
+    # Keyed nodes' control records; their outputs without them, by stage.
+    self._controls: Optional[WaveControls] = None
+    self._keyed_outs: dict = {}
     self._query: Optional[sources.Query] = None
     self._checkpoint: Optional[JobCheckpoint] = None
 
@@ -138,6 +136,7 @@ class StreamingPipelineJob(SparkPipelineJob):
   def _open(self) -> None:
     super()._open()
     self._ctx.deferred = self.sc.accumulator(0)
+    self._controls = WaveControls(self.sc)
 
   def _may_split(self, stage: StagePlan) -> bool:
     # Streaming reads are checkpointed by their limits instead
@@ -298,7 +297,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._buffer_rdds = {}
     self._side_chunks = {}
     self._side_done = set()
-    self._controls, self._control_nodes = [], []
+    self._controls.start()
+    self._keyed_outs = {}
     broadcasts = len(self._broadcasts)
     terminal = []
     try:
@@ -309,25 +309,28 @@ class StreamingPipelineJob(SparkPipelineJob):
         outputs = self._translate(stage)
         if outputs is not None and not any(
             self._consumers.get(b) for b in stage.outputs.values()):
-          terminal.append(outputs)
+          terminal.append(self._keyed_outs.get(
+              streamreads.node_of(stage), outputs))
       # Side inputs nothing read this wave still keep what was written.
       for buffer_id in self._side_buffer_ids:
         self._collect(buffer_id)
       # One Spark job runs what is left of the wave: the stages whose
-      # output nothing reads, and the keyed ones' reports for the driver.
-      controls, self._controls = self._controls, []
-      if terminal or controls:
-        parts = [t.filter(tasks.nothing) for t in terminal] + controls
-        by_node = collections.defaultdict(list)
-        for node, record in self._action(self.sc.union(parts).collect):
-          by_node[node].append(record)
-        for node in dict.fromkeys(self._control_nodes):
-          self._take_control(node, by_node.get(node, []))
-      self._control_nodes = []
+      # output nothing reads; keyed ones' tasks send their reports to the
+      # driver on the way (spark.controls); a keyed output no job ran
+      # (none reads it) then runs for its reports alone.
+      if terminal:
+        self._run_for_effects(terminal)
+      if unrun := self._controls.unrun():
+        self._run_for_effects(unrun)
+      for node, control in self._controls.take():
+        self._take_control(node, control)
     finally:
       self._unpersist()
       self._destroy_broadcasts(broadcasts)
       self._arrival = self._now
+
+  def _run_for_effects(self, outs: list) -> None:
+    self._action(self._union([o.filter(tasks.nothing) for o in outs]).collect)
 
   def _runs(self, stage: StagePlan) -> bool:
     """Whether ``stage`` has anything to do in this wave."""
@@ -443,8 +446,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     node = streamreads.node_of(stage)
     if stage.kind == 'sdk' and (stage.stateful or stage.side_inputs or
                                 node in self._reads.splittable):
-      out = self._keyed_output(node, out)
-    super()._register_outputs(stage, out)
+      out = self._keyed_outs[node] = self._controls.wrap(node, out)
+    super()._register_outputs(stage, out)  # persisted if read twice
 
   def _compact(self, buffer_id: bytes) -> bool:
     return False  # the trigger driver needs every timestamp and window
@@ -475,19 +478,15 @@ class StreamingPipelineJob(SparkPipelineJob):
                if producers else self.sc.parallelize([], self._parallelism))
     wave = tasks.StreamWave(node, self._clocks(node), self._keyed.chains(node),
                             self._checkpoint.location, serial=self._waves)
-    out = records.mapPartitionsWithIndex(
-        tasks.StreamGroup(self._ctx, self.plan.groups[buffer_id], wave))
-    return self._keyed_output(node, out)
-
-  def _keyed_output(self, node: str, out):
-    """A node's output, persisted: its data for its consumers; its reports
-    (state, holds, timers), held-back main input and residual restrictions
-    are collected for the driver at the wave's end (``_take_control``)."""
-    out = out.persist()
-    self._persisted.append(out)
-    self._controls.append(out.filter(is_control).map(tasks.Tag(node)))
-    self._control_nodes.append(node)
-    return out.filter(is_data)
+    # Its data on; its reports (state, holds, timers) to the driver
+    # (spark.controls), for _take_control at the wave's end.
+    out = self._controls.wrap(node, records.mapPartitionsWithIndex(
+        tasks.StreamGroup(self._ctx, self.plan.groups[buffer_id], wave)))
+    if len(self._consumers.get(buffer_id, ())) > 1 or (
+        buffer_id in self._side_buffer_ids):  # computed once
+      out = out.persist()
+      self._persisted.append(out)
+    return out
 
   def _take_control(self, node: str, control: list) -> None:
     """A node's reports update its state, holds and timers; main input it
