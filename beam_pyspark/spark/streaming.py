@@ -104,9 +104,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._finished = self._stop = False
     self._deferred_seen = 0
     self._log = batchlog.BatchLog(plan)
-    # Keyed nodes' control records; their outputs without them, by stage.
-    self._controls: Optional[WaveControls] = None
-    self._keyed_outs: dict = {}
+    self._controls: Optional[WaveControls] = None  # keyed nodes' reports
+    self._keyed_outs: dict = {}  # node -> its output without them
     self._query: Optional[sources.Query] = None
     self._checkpoint: Optional[JobCheckpoint] = None
 
@@ -318,10 +317,8 @@ class StreamingPipelineJob(SparkPipelineJob):
       # output nothing reads; keyed ones' tasks send their reports to the
       # driver on the way (spark.controls); a keyed output no job ran
       # (none reads it) then runs for its reports alone.
-      if terminal:
-        self._run_for_effects(terminal)
-      if unrun := self._controls.unrun():
-        self._run_for_effects(unrun)
+      self._run_for_effects(terminal)
+      self._run_for_effects(self._controls.unrun())
       for node, control in self._controls.take():
         self._take_control(node, control)
     finally:
@@ -330,7 +327,8 @@ class StreamingPipelineJob(SparkPipelineJob):
       self._arrival = self._now
 
   def _run_for_effects(self, outs: list) -> None:
-    self._action(self._union([o.filter(tasks.nothing) for o in outs]).collect)
+    if outs:
+      self._action(self._union([o.filter(tasks.nothing) for o in outs]).collect)
 
   def _runs(self, stage: StagePlan) -> bool:
     """Whether ``stage`` has anything to do in this wave."""
@@ -447,6 +445,9 @@ class StreamingPipelineJob(SparkPipelineJob):
     if stage.kind == 'sdk' and (stage.stateful or stage.side_inputs or
                                 node in self._reads.splittable):
       out = self._keyed_outs[node] = self._controls.wrap(node, out)
+      if self._kind(stage).per != 'stage':  # consumers of its environment
+        out = out.persist()  # would share its harness mid-pass: run apart
+        self._persisted.append(out)
     super()._register_outputs(stage, out)  # persisted if read twice
 
   def _compact(self, buffer_id: bytes) -> bool:
