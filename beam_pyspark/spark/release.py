@@ -61,13 +61,17 @@ def release_harnesses(sc, job_id: str, succeeded: bool, wait: bool,
       what = f'Beam job {job_id}: release its SDK harnesses'
       sc.setJobGroup(f'{job_id}-release', what, True)
       remaining = set(held) if held else None
+      seen: set = set()
       with naming.call_site(sc, what):
         for _ in range(RELEASE_ROUNDS):
-          visited = sc.parallelize(range(slots), slots).mapPartitions(
-              ReleaseJob(job_id, succeeded)).collect()
-          if remaining is None:
+          visited = set(sc.parallelize(range(slots), slots).mapPartitions(
+              ReleaseJob(job_id, succeeded)).collect())
+          if remaining is None or visited <= seen:
+            # (A round of workers seen before: the pool went round; the
+            # rest ended, say Spark stopped them idle.)
             break
-          remaining.difference_update(visited)
+          seen |= visited
+          remaining -= visited
           if not remaining:
             break
       if remaining:
