@@ -202,19 +202,34 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
   """A batch pipeline all on the fast path whose DoFns have no setup or
   teardown leaves nothing to release: no release Spark job (a task per
   slot, the largest fixed cost of a small pipeline). One with a teardown
-  still gets its release, and the teardown runs."""
+  still gets its release, and the teardown runs. The job's action runs
+  in its one terminal stage's Python worker (pipelined onto the stage's
+  RDD, not a second worker fed through a JVM union)."""
   from pyspark import SparkContext
+  from pyspark.rdd import RDD
+  from pyspark.rdd import PipelinedRDD
   from beam_pyspark.spark import release
 
   jobs = {}
+  actions = []
+  foreach = RDD.foreach
+
+  def spied(rdd, f):
+    actions.append(isinstance(rdd, PipelinedRDD) and rdd._is_pipelinable())  # pylint: disable=protected-access
+    return foreach(rdd, f)
+
   for name, fn in (('plain', beam.Map(len)), ('torn', None)):
     log_dir = tmp_path / name
     log_dir.mkdir()
     p = beam.Pipeline(options=spark_options())
     _ = (p | ReadFromText(small_text) | beam.Map(str.upper)
          | (fn or beam.ParDo(TornDown(str(log_dir)))))
-    result = p.run()
-    result.wait_until_finish()
+    RDD.foreach = spied
+    try:
+      result = p.run()
+      result.wait_until_finish()
+    finally:
+      RDD.foreach = foreach
     release.wait_for_releases(60.0)
     tracker = SparkContext.getOrCreate().statusTracker()
     jobs[name] = (len(tracker.getJobIdsForGroup(f'{result.job_id}-release')),
@@ -222,3 +237,4 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
   assert jobs['plain'] == (0, 0), jobs
   released, torn = jobs['torn']
   assert released == 1 and torn >= 1, jobs
+  assert actions == [True, True], actions
