@@ -56,13 +56,15 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
 # Multi-language pipelines (docs/multi-language.md): Beam's Java expansion
-# services for Beam SQL and KafkaIO (Beam 2.71.0) and Apache Kafka's broker
-# for the tests, resolved by Maven into ~/.m2; again only when a pom or the
-# SQL registrar changes.
+# services for Beam SQL and KafkaIO (Beam 2.71.0), Apache Kafka's broker
+# for the tests, and the Java side of Beam's cross-language ValidatesRunner
+# suite (sdks/xlang/validates), resolved by Maven into ~/.m2; again only
+# when a pom or a registrar changes.
 XLANG_STAMP := sdks/xlang/.resolved
 $(XLANG_STAMP): sdks/xlang/sql/pom.xml sdks/xlang/kafka/pom.xml \
-  sdks/xlang/broker/pom.xml scripts/sdk-xlang.sh \
-  $(wildcard sdks/xlang/sql/src/main/java/beampyspark/xlang/*.java)
+  sdks/xlang/broker/pom.xml sdks/xlang/validates/pom.xml scripts/sdk-xlang.sh \
+  $(wildcard sdks/xlang/sql/src/main/java/beampyspark/xlang/*.java) \
+  $(wildcard sdks/xlang/validates/src/main/java/beampyspark/xlang/validates/*.java)
 	@scripts/sdk-xlang.sh
 sdk-xlang: $(XLANG_STAMP)
 

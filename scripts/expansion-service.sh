@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Starts Beam's Java expansion service for Beam SQL or KafkaIO from the
+# Starts Beam's Java expansion service for Beam SQL or KafkaIO (or the
+# tests' one for Beam's cross-language ValidatesRunner suite) from the
 # jars `make sdk-xlang` resolved (docs/multi-language.md):
 #
-#   scripts/expansion-service.sh sql|kafka PORT [more ExpansionService options]
+#   scripts/expansion-service.sh sql|kafka|validates PORT [more ExpansionService options]
 #
 # Python pipelines then name it: SqlTransform(..., expansion_service=
 # 'localhost:PORT'), ReadFromKafka(..., expansion_service='localhost:PORT').
@@ -15,8 +16,8 @@
 # boot (README, Environment overrides).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-name="${1:?usage: $0 sql|kafka PORT [options]}"
-port="${2:?usage: $0 sql|kafka PORT [options]}"
+name="${1:?usage: $0 sql|kafka|validates PORT [options]}"
+port="${2:?usage: $0 sql|kafka|validates PORT [options]}"
 shift 2
 environment=(--defaultEnvironmentType=PROCESS
   '--defaultEnvironmentConfig={"command": "python -m beam_pyspark.boot java"}')

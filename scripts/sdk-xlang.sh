@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Java for multi-language pipelines (docs/multi-language.md): Beam's Java
-# expansion services for Beam SQL and KafkaIO, and Apache Kafka's own
-# broker for the tests' real Kafka. Maven resolves each of sdks/xlang/*
-# into its cache (~/.m2) and writes the classpath a JVM starts with to
-# sdks/xlang/<name>/target/classpath.txt; the SQL one first builds its
-# registrar (src/). Nothing is fetched when the tests run.
+# expansion services for Beam SQL and KafkaIO, Apache Kafka's own
+# broker for the tests' real Kafka, and the expansion service of Beam's
+# cross-language ValidatesRunner suite (validates, tests only). Maven
+# resolves each of sdks/xlang/* into its cache (~/.m2) and writes the
+# classpath a JVM starts with to
+# sdks/xlang/<name>/target/classpath.txt; the SQL and validates ones first
+# build their registrars (src/). Nothing is fetched when the tests run.
 set -euo pipefail
 cd "$(dirname "$0")/../sdks/xlang"
 if ! command -v mvn >/dev/null 2>&1; then
@@ -16,7 +18,7 @@ if ! command -v mvn >/dev/null 2>&1; then
     exit 1
   fi
 fi
-for name in sql kafka broker; do
+for name in sql kafka broker validates; do
   (
     cd "$name"
     if [ -d src ]; then
