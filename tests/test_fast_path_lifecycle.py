@@ -184,17 +184,56 @@ def test_the_shapes_people_write_on_and_off(small_text, tmp_path):
 
 
 class TornDown(beam.DoFn):
-  """Marks each of its teardowns with a file of its own."""
+  """Marks each of its setups and teardowns with a file of its own."""
   def __init__(self, log_dir):
     self.log_dir = log_dir
+
+  def _mark(self, what):
+    name = f'{what}-{os.getpid()}-{id(self)}'
+    with open(os.path.join(self.log_dir, name), 'w', encoding='utf-8'):
+      pass
+
+  def setup(self):
+    self._mark('setup')
 
   def process(self, n):
     yield n
 
   def teardown(self):
-    with open(os.path.join(self.log_dir, f'{os.getpid()}-{id(self)}'), 'w',
-              encoding='utf-8'):
+    self._mark('teardown')
+
+
+def _plus_sum(x, side):
+  return x + sum(side)
+
+
+def _python_workers() -> int:
+  """Spark's Python workers on this (local) machine: the daemon's forks."""
+  import psutil
+  forks = 0
+  for child in psutil.Process().children(recursive=True):
+    try:
+      if 'beam_pyspark.spark.daemon' in ' '.join(child.cmdline()):
+        forks += 1
+    except psutil.Error:  # ended meanwhile, or a zombie
       pass
+  return forks - 1  # the daemon itself
+
+
+def _leave_idle_python_workers() -> int:
+  """Leaves Spark more idle Python workers than a release has tasks (a
+  task per slot), as a job does whose tasks read persisted outputs (a
+  side input, a Flatten of two groupings): such a task holds a Python
+  worker for each level it computes. Spark hands idle workers out oldest
+  first."""
+  with beam.Pipeline(options=spark_options()) as p:
+    numbers = p | beam.Create(range(1000))
+    side = p | 'Side' >> beam.Create([1, 2, 3])
+    plus = numbers | beam.Map(_plus_sum, beam.pvalue.AsList(side))
+    by_7 = numbers | 'By7' >> beam.Map(lambda x: (x % 7, x)) | beam.GroupByKey()
+    by_5 = plus | 'By5' >> beam.Map(lambda x: (x % 5, x)) | 'G5' >> beam.GroupByKey()
+    _ = (by_7, by_5) | beam.Flatten() | beam.Map(str)
+  return _python_workers()
 
 
 def test_a_release_job_only_where_a_worker_holds_something(small_text,
@@ -202,9 +241,12 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
   """A batch pipeline all on the fast path whose DoFns have no setup or
   teardown leaves nothing to release: no release Spark job (a task per
   slot, the largest fixed cost of a small pipeline). One with a teardown
-  still gets its release, and the teardown runs. The job's action runs
-  in its one terminal stage's Python worker (pipelined onto the stage's
-  RDD, not a second worker fed through a JVM union)."""
+  still gets its release, which reaches every Python worker holding one of
+  its DoFns though Spark has more idle workers than slots (a release of
+  one round of a task per slot missed some: their teardowns waited for
+  the idle reaper, minutes later). The job's action runs in its one
+  terminal stage's Python worker (pipelined onto the stage's RDD, not a
+  second worker fed through a JVM union)."""
   from pyspark import SparkContext
   from pyspark.rdd import RDD
   from pyspark.rdd import PipelinedRDD
@@ -221,6 +263,9 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
   for name, fn in (('plain', beam.Map(len)), ('torn', None)):
     log_dir = tmp_path / name
     log_dir.mkdir()
+    if fn is None:
+      idle = _leave_idle_python_workers()
+      assert idle > 2 * SparkContext.getOrCreate().defaultParallelism, idle
     p = beam.Pipeline(options=spark_options())
     _ = (p | ReadFromText(small_text) | beam.Map(str.upper)
          | (fn or beam.ParDo(TornDown(str(log_dir)))))
@@ -232,9 +277,12 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
       RDD.foreach = foreach
     release.wait_for_releases(60.0)
     tracker = SparkContext.getOrCreate().statusTracker()
-    jobs[name] = (len(tracker.getJobIdsForGroup(f'{result.job_id}-release')),
-                  len(os.listdir(log_dir)))
-  assert jobs['plain'] == (0, 0), jobs
-  released, torn = jobs['torn']
-  assert released == 1 and torn >= 1, jobs
+    marks = os.listdir(log_dir)
+    jobs[name] = (
+        len(tracker.getJobIdsForGroup(f'{result.job_id}-release')),
+        sorted(m.split('-', 1)[1] for m in marks if m.startswith('setup')),
+        sorted(m.split('-', 1)[1] for m in marks if m.startswith('teardown')))
+  assert jobs['plain'] == (0, [], []), jobs
+  released, set_up, torn = jobs['torn']
+  assert released >= 1 and set_up and torn == set_up, jobs
   assert actions == [True, True], actions

@@ -365,5 +365,5 @@ class ArrowRelease:
     from beam_pyspark.spark.release import ReleaseJob
     for _ in arrow_batches:
       pass
-    ReleaseJob(self.job_id, self.succeeded)(None)
+    ReleaseJob(self.job_id, self.succeeded).release()
     return iter(())

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Optional
@@ -22,6 +24,10 @@ from beam_pyspark.worker import statestore
 
 _LOGGER = logging.getLogger(__name__)
 
+# How many rounds of a task per slot a release runs to reach the Python
+# workers that hold something of the job's.
+RELEASE_ROUNDS = 8
+
 # How long a program that ends waits for its jobs' releases.
 RELEASE_AT_EXIT_SECS = 5.0
 
@@ -31,15 +37,22 @@ _hooked: list[bool] = []
 
 
 def release_harnesses(sc, job_id: str, succeeded: bool, wait: bool,
-                      held: Optional[int] = None) -> None:
+                      held: Optional[set] = None) -> None:
   """Releases ``job_id``'s harnesses: now (``wait``), or from a thread (in
   process harnesses: the job's end need not wait for a Spark job of its
   own, ~0.1-0.2 s). Not at all for a job that succeeded with no task
-  leaving anything a release stops (``held`` 0: tasks.held; say a batch
+  leaving anything a release stops (``held`` empty: tasks.held; say a batch
   pipeline all on the fast path, its DoFns without setup or teardown):
   the release is a Spark job of a task per slot, ~0.15 CPU-s a task, a
-  fixed cost of every pipeline otherwise."""
-  if succeeded and held == 0:
+  fixed cost of every pipeline otherwise.
+
+  A round of a task per slot need not reach every Python worker: Spark
+  keeps more idle workers than slots (a task reading a persisted Python
+  RDD's first computation holds a worker for each), and hands them out
+  oldest first. With ``held`` (the workers that hold something, named by
+  ``worker_id``) the release runs rounds until each has been visited
+  (at most RELEASE_ROUNDS); without, one round."""
+  if succeeded and held is not None and not held:
     return
   slots = 2 * max(1, sc.defaultParallelism)
 
@@ -47,9 +60,24 @@ def release_harnesses(sc, job_id: str, succeeded: bool, wait: bool,
     try:
       what = f'Beam job {job_id}: release its SDK harnesses'
       sc.setJobGroup(f'{job_id}-release', what, True)
+      remaining = set(held) if held else None
+      seen: set = set()
       with naming.call_site(sc, what):
-        sc.parallelize(range(slots), slots).foreach(
-            ReleaseJob(job_id, succeeded))
+        for _ in range(RELEASE_ROUNDS):
+          visited = set(sc.parallelize(range(slots), slots).mapPartitions(
+              ReleaseJob(job_id, succeeded)).collect())
+          if remaining is None or visited <= seen:
+            # (A round of workers seen before: the pool went round; the
+            # rest ended, say Spark stopped them idle.)
+            break
+          seen |= visited
+          remaining -= visited
+          if not remaining:
+            break
+      if remaining:
+        # Their idle reaper stops them (worker.harnesses.IDLE_SECS).
+        _LOGGER.debug('The release of %s did not reach %s', job_id,
+                      sorted(remaining))
     except Exception:  # pylint: disable=broad-except
       # A context stopped meanwhile took the harnesses with its workers.
       stopped = getattr(sc, '_jsc', None) is None
@@ -91,18 +119,30 @@ def wait_for_releases(timeout: float) -> None:
 
 
 class ReleaseJob:
-  """foreach: stop the job's harnesses in this Python worker; first, for a
-  job that succeeded, finalize its bundles still waiting (streaming)."""
+  """mapPartitions: stop the job's harnesses in this Python worker; first,
+  for a job that succeeded, finalize its bundles still waiting (streaming).
+  Yields this worker's ``worker_id``."""
   def __init__(self, job_id: str, succeeded: bool = False):
     self.job_id = job_id
     self.succeeded = succeeded
 
-  def __call__(self, _):
+  def __call__(self, partition):
+    for _ in partition:
+      pass
+    self.release()
+    yield worker_id()
+
+  def release(self) -> None:
     if self.succeeded:
       finalization.run_committed(self.job_id, float('inf'))
     finalization.drop(self.job_id)
     harnesses.release_job(self.job_id)
     statestore.release(self.job_id)
+
+
+def worker_id() -> str:
+  """This Python worker, among all of the cluster's."""
+  return f'{socket.gethostname()}:{os.getpid()}'
 
 
 class FinalizeCommitted:

@@ -22,6 +22,7 @@ from pyspark.accumulators import AccumulatorParam
 from beam_pyspark.planning.fastpath import FastPath
 from beam_pyspark.planning.plan import GroupSpec
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark import release
 from beam_pyspark.spark.dependencies import activate as activate_dependencies
 from beam_pyspark.spark.session import driver_python_path
 from beam_pyspark.worker import elements
@@ -81,8 +82,9 @@ class TaskContext:
   # Streaming: Accumulator[int] of bundles whose finalization waits for
   # their micro-batch's commit (worker.finalization).
   deferred: object = None
-  # Batch: Accumulator[int] of tasks that left something of the job's in
-  # their Python worker that a release stops (worker.harnesses.holds).
+  # Batch: Accumulator[list] of the Python workers (release.worker_id)
+  # where a task left something of the job's that a release stops
+  # (worker.harnesses.holds).
   held: object = None
 
   def runtime(self):
@@ -100,12 +102,12 @@ class TaskContext:
     return job_runtime(self.job_id, self.components.value)
 
 
-def held(ctx: Optional[TaskContext]) -> Optional[int]:
-  """How many of a batch job's tasks left something in their Python worker
-  that a release stops; None if not known (a streaming job's tasks)."""
+def held(ctx: Optional[TaskContext]) -> Optional[set]:
+  """The Python workers (release.worker_id) where a batch job's tasks left
+  something a release stops; None if not known (a streaming job's)."""
   if ctx is None or ctx.held is None or ctx.deferred is not None:
     return None
-  return ctx.held.value
+  return set(ctx.held.value)
 
 
 def first_attempt() -> bool:
@@ -354,7 +356,7 @@ class RunStage:
           yield streaming.HELD_TAG, element
         if ctx.held is not None and (harnesses.holds(ctx.job_id) or
                                      finalization.pending(ctx.job_id)):
-          ctx.held.add(1)
+          ctx.held.add([release.worker_id()])
       except Exception:
         # PySpark ends this Python worker once the task has failed, with
         # os._exit: its out-of-process harnesses must end their streams now

@@ -150,7 +150,7 @@ class SparkPipelineJob:
         pipeline_options=self.options.job_options,
         split_after_secs=self.options.split_stragglers_after_secs,
         worker_console_logs=not sc.master.startswith('local'),
-        held=sc.accumulator(0))
+        held=sc.accumulator([], tasks.ListAccumulator()))
     self._logs_forwarded = 0
     self._shipment = ship_dependencies(sc, self.plan, self.log)
     if self._shipment is not None:

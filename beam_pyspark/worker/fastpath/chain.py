@@ -368,12 +368,21 @@ def is_special(x) -> bool:
 
 
 def _overrides(dofn, method: str) -> bool:
-  return getattr(type(dofn), method, None) is not getattr(core.DoFn, method)
+  """Whether ``dofn.method`` is more than DoFn's no-op, asked of the
+  instance as Beam's DoFnInvoker calls it: a wrapper that delegates by
+  ``__getattribute__`` (Beam's ``with_exception_handling`` wraps the
+  user's DoFn so) has the user's ``start_bundle`` without its class
+  defining one."""
+  return _own_method(dofn, method) is not getattr(core.DoFn, method)
 
 
 def _overrides_combine(combine, method: str) -> bool:
-  return getattr(type(combine), method, None) is not getattr(
-      core.CombineFn, method)
+  return _own_method(combine, method) is not getattr(core.CombineFn, method)
+
+
+def _own_method(instance, method: str):
+  bound = getattr(instance, method, None)
+  return getattr(bound, '__func__', bound)
 
 
 class Instances:
