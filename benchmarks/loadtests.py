@@ -166,7 +166,10 @@ def warm_runner_workers(sc) -> None:
   of the ParDo test's 6.6 at load 25, where warm it took 2.4-2.7 against
   the hand-written 2.3-2.7). The hand-written pool's workers import
   nothing and stay warm; worker start-up is the fixed cost the README
-  measures apart (benchmarks.fixed_cost)."""
+  measures apart (benchmarks.fixed_cost). Since the benchmarks' context
+  forks the runner's workers from the runner's own daemon (Beam imported
+  before the fork: benchmarks/daemon.py), a new worker costs a fork, and
+  this only keeps the pool as a run of the runner finds it."""
   n = max(1, sc.defaultParallelism)
   sc.parallelize(range(n), n).foreach(_import_runner)
 

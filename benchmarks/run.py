@@ -55,10 +55,13 @@ DIRECT_MODES = {'direct': 'multi_processing', 'direct_inmem': 'in_memory'}
 WARMUP_MB = 0.5
 
 # What the runner itself sets when it starts Spark (beam_pyspark/spark/
-# session.py), so the hand-written jobs run under the same settings.
+# session.py), so the hand-written jobs run under the same settings; its
+# daemon (Beam imported before forking) in every pool but the hand-written
+# jobs' (benchmarks/daemon.py).
 RUNNER_DEFAULT_CONF = {
     'spark.ui.showConsoleProgress': 'false',
     'spark.python.worker.reuse': 'true',
+    'spark.python.daemon.module': 'benchmarks.daemon',
 }
 
 

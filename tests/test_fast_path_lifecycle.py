@@ -244,11 +244,22 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
   still gets its release, which reaches every Python worker holding one of
   its DoFns though Spark has more idle workers than slots (a release of
   one round of a task per slot missed some: their teardowns waited for
-  the idle reaper, minutes later)."""
+  the idle reaper, minutes later). The job's action runs in its one
+  terminal stage's Python worker (pipelined onto the stage's RDD, not a
+  second worker fed through a JVM union)."""
   from pyspark import SparkContext
+  from pyspark.rdd import RDD
+  from pyspark.rdd import PipelinedRDD
   from beam_pyspark.spark import release
 
   jobs = {}
+  actions = []
+  foreach = RDD.foreach
+
+  def spied(rdd, f):
+    actions.append(isinstance(rdd, PipelinedRDD) and rdd._is_pipelinable())  # pylint: disable=protected-access
+    return foreach(rdd, f)
+
   for name, fn in (('plain', beam.Map(len)), ('torn', None)):
     log_dir = tmp_path / name
     log_dir.mkdir()
@@ -258,8 +269,12 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
     p = beam.Pipeline(options=spark_options())
     _ = (p | ReadFromText(small_text) | beam.Map(str.upper)
          | (fn or beam.ParDo(TornDown(str(log_dir)))))
-    result = p.run()
-    result.wait_until_finish()
+    RDD.foreach = spied
+    try:
+      result = p.run()
+      result.wait_until_finish()
+    finally:
+      RDD.foreach = foreach
     release.wait_for_releases(60.0)
     tracker = SparkContext.getOrCreate().statusTracker()
     marks = os.listdir(log_dir)
@@ -270,3 +285,4 @@ def test_a_release_job_only_where_a_worker_holds_something(small_text,
   assert jobs['plain'] == (0, [], []), jobs
   released, set_up, torn = jobs['torn']
   assert released >= 1 and set_up and torn == set_up, jobs
+  assert actions == [True, True], actions

@@ -4,6 +4,7 @@ import collections
 import logging
 
 from apache_beam.metrics import monitoring_infos as mi
+from apache_beam.testing.synthetic_pipeline import SyntheticSource
 
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.metrics import merge_monitoring_infos
@@ -270,3 +271,81 @@ def test_unnamed_channel_splits_are_the_asked_inputs():
   named = name_channel_splits(split, 'read')
   assert [c.transform_id for c in named.channel_splits] == ['read', 'named']
   assert named.channel_splits[0].first_residual_element == 1
+
+
+def _claims(tracker, steps):
+  """Each step's result (or error) and the tracker's state after it."""
+  from apache_beam.io.range_trackers import OffsetRangeTracker  # pylint: disable=import-outside-toplevel
+  out = []
+  for op, arg in steps:
+    try:
+      result = getattr(tracker, op)(arg)
+    except (ValueError, TypeError) as exn:
+      result = (type(exn).__name__, str(exn))
+    out.append((op, arg, result, tracker.start_position(),
+                tracker.stop_position(), tracker.last_record_start,
+                tracker.last_attempted_record_start,
+                tracker._offset_of_last_split_point,  # pylint: disable=protected-access
+                tracker.split_points(), tracker.fraction_consumed()))
+  assert isinstance(tracker, OffsetRangeTracker)
+  return out
+
+
+def test_one_reader_offset_tracker_claims_as_beams():
+  """The lock-free try_claim of a split's tracker (worker.reads): the
+  same results, errors and state as Beam's OffsetRangeTracker, claim by
+  claim, with Beam's other methods in between."""
+  from apache_beam.io.range_trackers import OffsetRangeTracker  # pylint: disable=import-outside-toplevel
+  from beam_pyspark.worker.reads import OneReaderOffsetRangeTracker  # pylint: disable=import-outside-toplevel
+  sequences = [
+      [('try_claim', i) for i in range(3, 12)],  # past the stop: False
+      [('try_claim', 5), ('try_claim', 5)],  # not above the last attempt
+      [('try_claim', 5), ('try_claim', 4), ('try_claim', 6)],
+      [('try_claim', 2)],  # before the start
+      [('try_claim', 4), ('set_current_position', 7), ('try_claim', 6),
+       ('try_claim', 8)],  # below the last record: Beam's error
+      [('try_claim', 3), ('try_split', 6), ('try_claim', 5),
+       ('try_claim', 6), ('try_claim', 7)],  # split while read: new stop
+      [('try_claim', 12), ('try_claim', 13)],
+      [('try_claim', None)],
+      [('try_claim', 3), ('try_claim', 4.5), ('try_claim', 5)],
+  ]
+  for steps in sequences:
+    beams = _claims(OffsetRangeTracker(3, 10), steps)
+    ours = OffsetRangeTracker(3, 10)
+    ours.__class__ = OneReaderOffsetRangeTracker
+    assert _claims(ours, steps) == beams, steps
+
+
+_SEEN_TRACKERS: list = []
+
+
+class SeenSource(SyntheticSource):
+  """Notes its tracker's type (module level: pickled by reference, so a
+  read of an unpickled copy notes it here)."""
+  def read(self, range_tracker):
+    _SEEN_TRACKERS.append(type(range_tracker))
+    return super().read(range_tracker)
+
+
+def test_read_split_reads_a_synthetic_source_as_beam():
+  """A SyntheticSource split read with the swapped tracker: Beam's
+  records (its own read over its own tracker), and its tracker swapped;
+  a source whose tracker is no plain OffsetRangeTracker keeps its own."""
+  from apache_beam.io.range_trackers import OffsetRangeTracker  # pylint: disable=import-outside-toplevel
+  from beam_pyspark.worker import reads  # pylint: disable=import-outside-toplevel
+  seen = _SEEN_TRACKERS
+  for extra, kind in (({}, reads.OneReaderOffsetRangeTracker),
+                      ({'splitPointFrequencyRecords': 0}, None)):
+    spec = dict({'numRecords': 50, 'keySizeBytes': 2, 'valueSizeBytes': 3,
+                 'hotKeyFraction': 0.5, 'numHotKeys': 3}, **extra)
+    source = SeenSource(spec)
+    beams = list(source.read(source.get_range_tracker(7, 31)))
+    seen.clear()
+    got = list(reads.read_split(reads.encode_split(source, 7, 31)))
+    assert got == beams and len(got) == 24
+    if kind is None:
+      assert seen[0] is not reads.OneReaderOffsetRangeTracker
+      assert not issubclass(seen[0], OffsetRangeTracker)
+    else:
+      assert seen == [kind]

@@ -172,7 +172,7 @@ class SparkPipelineJob:
     self._check_cancelled()
     if terminal:
       with naming.call_site(self.sc, ', '.join(last) + ' (output)'):
-        self._action(lambda: self.sc.union(terminal).foreach(tasks.consume))
+        self._action(lambda: self._union(terminal).foreach(tasks.consume))
 
   def _close(self) -> None:
     self._forward_logs()
