@@ -349,3 +349,26 @@ def test_read_split_reads_a_synthetic_source_as_beam():
       assert not issubclass(seen[0], OffsetRangeTracker)
     else:
       assert seen == [kind]
+
+
+def test_a_job_server_port_on_localhost_is_its_own_on_ipv4():
+  """gRPC binds 'localhost:P' on whichever of [::1] and 127.0.0.1 are
+  free and returns P if one was: with 127.0.0.1:P another process's, a
+  client of localhost reached that process (Beam's Go SDK timed out
+  staging). The job server's ports are its own on 127.0.0.1 or fail."""
+  import socket
+  from concurrent import futures
+  import grpc
+  import pytest
+  from beam_pyspark.jobservice.server import bind_port
+  with socket.socket() as taken:
+    taken.bind(('127.0.0.1', 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    with pytest.raises(RuntimeError):
+      bind_port(grpc.server(futures.ThreadPoolExecutor(1)), 'localhost', port)
+  server = grpc.server(futures.ThreadPoolExecutor(1))
+  free = bind_port(server, 'localhost', 0)
+  with socket.socket() as probe:  # 127.0.0.1:free is the server's now
+    with pytest.raises(OSError):
+      probe.bind(('127.0.0.1', free))

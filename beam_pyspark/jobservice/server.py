@@ -30,6 +30,26 @@ from beam_pyspark.planning.environments import parse_all as parse_overrides
 _LOGGER = logging.getLogger(__name__)
 
 
+def bind_port(server, host: str, port: int) -> int:
+  """Opens ``port`` (0: a free one) of ``host`` on the gRPC ``server``.
+
+  gRPC binds ``localhost:0`` as two addresses, [::1] and 127.0.0.1, with
+  the port it found free on the first; when another process holds that
+  port on the second, it binds only one and says so in a log line, and a
+  client of ``localhost`` may reach the other process (Beam's Go SDK timed
+  out staging artifacts so). For ``localhost`` the IPv4 address comes
+  first, then [::1] on the same port where it is free (clients of
+  ``localhost`` fall back to 127.0.0.1 where [::1] refuses)."""
+  if host != 'localhost':
+    return server.add_insecure_port(f'{host}:{port}')
+  bound = server.add_insecure_port(f'127.0.0.1:{port}')
+  try:
+    server.add_insecure_port(f'[::1]:{bound}')
+  except RuntimeError:  # held by another process, or no IPv6 here
+    pass
+  return bound
+
+
 @dataclasses.dataclass
 class JobServerConfig:
   job_host: str = 'localhost'
@@ -168,8 +188,8 @@ class JobServer:
         self.staging, self._artifact_server)
     beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
         self.retrieval, self._artifact_server)
-    self.artifact_port = self._artifact_server.add_insecure_port(
-        f'{host}:{config.artifact_port}')
+    self.artifact_port = bind_port(
+        self._artifact_server, host, config.artifact_port)
 
     self.store = JobStore(
         config.job_store or os.path.join(root, 'jobs.sqlite'))
@@ -199,8 +219,7 @@ class JobServer:
     self._stopped = threading.Event()
     self._job_server.add_generic_rpc_handlers((health_handler(
         lambda: not self.service.registry.closing, self._stopped),))
-    self.job_port = self._job_server.add_insecure_port(
-        f'{host}:{config.job_port}')
+    self.job_port = bind_port(self._job_server, host, config.job_port)
 
     self._expansion_server = None
     self.expansion_port = None
@@ -212,8 +231,8 @@ class JobServer:
       beam_expansion_api_pb2_grpc.add_ExpansionServiceServicer_to_server(
           ExpansionServiceServicer(expansion_options()),
           self._expansion_server)
-      self.expansion_port = self._expansion_server.add_insecure_port(
-          f'{host}:{config.expansion_port}')
+      self.expansion_port = bind_port(
+          self._expansion_server, host, config.expansion_port)
     self._name_filter = None
 
   def start(self) -> None:
