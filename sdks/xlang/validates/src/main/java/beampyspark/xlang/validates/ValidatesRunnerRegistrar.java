@@ -124,16 +124,21 @@ public class ValidatesRunnerRegistrar implements ExpansionService.ExpansionServi
     }
   }
 
-  /** Inputs as a tuple by their names (TransformProvider's default for several). */
+  /** The inputs as a tuple, each tagged with its Python name. */
+  @SuppressWarnings({"unchecked", "rawtypes"})
+  static PCollectionTuple byName(Pipeline p, Map<String, PCollection<?>> inputs) {
+    PCollectionTuple tuple = PCollectionTuple.empty(p);
+    for (Map.Entry<String, PCollection<?>> input : inputs.entrySet()) {
+      tuple = tuple.and(new TupleTag(input.getKey()), input.getValue());
+    }
+    return tuple;
+  }
+
+  /** Inputs as a tuple by their names, outputs by their tags' names. */
   abstract static class Named implements TransformProvider<PCollectionTuple, PCollectionTuple> {
     @Override
-    @SuppressWarnings({"unchecked", "rawtypes"})
     public PCollectionTuple createInput(Pipeline p, Map<String, PCollection<?>> inputs) {
-      PCollectionTuple tuple = PCollectionTuple.empty(p);
-      for (Map.Entry<String, PCollection<?>> input : inputs.entrySet()) {
-        tuple = tuple.and(new TupleTag(input.getKey()), input.getValue());
-      }
-      return tuple;
+      return byName(p, inputs);
     }
 
     @Override
@@ -181,13 +186,8 @@ public class ValidatesRunnerRegistrar implements ExpansionService.ExpansionServi
   /** col1 and col2 cogrouped: each key with all its values, of both. */
   static class CoGroup implements TransformProvider<PCollectionTuple, PCollection<?>> {
     @Override
-    @SuppressWarnings({"unchecked", "rawtypes"})
     public PCollectionTuple createInput(Pipeline p, Map<String, PCollection<?>> inputs) {
-      PCollectionTuple tuple = PCollectionTuple.empty(p);
-      for (Map.Entry<String, PCollection<?>> input : inputs.entrySet()) {
-        tuple = tuple.and(new TupleTag(input.getKey()), input.getValue());
-      }
-      return tuple;
+      return byName(p, inputs);
     }
 
     @Override
