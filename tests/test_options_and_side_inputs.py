@@ -55,18 +55,29 @@ def test_templated_options_and_a_window_param_read_in_workers_as_in_beam():
   # failed); one not given (runtime) raised "not called from a runtime
   # context" in workers, where Beam's SDK worker sets the job's options;
   # the fast path handed WindowParam its own IntervalWindow subclass.
+  # Beam's pipeline_test (DoFnTest.test_windowed_value_param): a
+  # WindowedValueParam after WindowInto(FixedWindows) in the same stage
+  # holds FixedWindows.assign's list of IntervalWindows; the fast path
+  # handed over its own tuple of its IntervalWindow subclass.
   options = spark_options(template_greeting='hello')
   templated = options.view_as(_TemplateOptions)
   with beam.Pipeline(options=options) as p:
-    out = (
+    windowed = (
         p | beam.Create(['ann', 'bob'])
         | beam.Map(lambda x: beam.window.TimestampedValue(x, 10))
-        | beam.WindowInto(beam.window.FixedWindows(60))
-        | beam.ParDo(_Greet(templated.template_greeting,
-                            templated.template_suffix)))
+        | beam.WindowInto(beam.window.FixedWindows(60)))
+    out = windowed | beam.ParDo(_Greet(templated.template_greeting,
+                                       templated.template_suffix))
     assert_that(out, equal_to([
         ('hello ann!', 'hello', 'IntervalWindow'),
         ('hello bob!', 'hello', 'IntervalWindow')]))
+    held = windowed | beam.Map(
+        lambda x, wv=beam.DoFn.WindowedValueParam:
+        (wv.value, wv.windows, [type(w).__name__ for w in wv.windows]))
+    window = beam.window.IntervalWindow(0, 60)
+    assert_that(held, equal_to([
+        ('ann', [window], ['IntervalWindow']),
+        ('bob', [window], ['IntervalWindow'])]), label='windowed_value')
 
 
 @pytest.mark.parametrize('flag,right', [

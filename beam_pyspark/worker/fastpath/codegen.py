@@ -153,7 +153,8 @@ class _Writer:
       parts.append({
           None: f'a{i}_{position}', 'timestamp': f'{m}.timestamp',
           'window': f'user_window({m}.windows[0])', 'pane': f'{m}.pane_info',
-          'windowed_value': f'{m}.with_value({x})'}[name])
+          'windowed_value': f'user_windowed_value({m}.with_value({x}))'
+      }[name])
     if call.kwargs:
       parts.append(f'**kw{i}')
     return ', '.join(parts)
@@ -276,7 +277,8 @@ def _namespace(tree: Tree, names: dict, bound: list) -> dict:
       SpecialOutput=chains.SpecialOutput, type=type, len=len, str=str,
       bytes=bytes, dict=dict, Exception=Exception, cap=SPILL_OUTPUTS,
       bad_output=outputs.bad_output, MISSING=chains.MISSING,
-      per_window=outputs.per_window, user_window=outputs.user_window)
+      per_window=outputs.per_window, user_window=outputs.user_window,
+      user_windowed_value=outputs.user_windowed_value)
   return namespace
 
 

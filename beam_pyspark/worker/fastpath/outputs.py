@@ -159,6 +159,18 @@ def user_window(window):
   return window
 
 
+def user_windowed_value(wv):
+  """The WindowedValue a DoFn's ``WindowedValueParam`` gets (``wv`` a new
+  one, from ``with_value``): after the loop's fixed-window assignment, the
+  list of Beam's ``IntervalWindow`` that ``FixedWindows.assign`` returns
+  (what Beam's WindowIntoDoFn leaves in a fused stage), not the loop's
+  shared tuple of ``_HashedWindow``."""
+  windows = wv.windows
+  if windows and type(windows[0]) is _HashedWindow:  # pylint: disable=unidiomatic-typecheck
+    wv.windows = [user_window(w) for w in windows]
+  return wv
+
+
 def bad_output(results):
   raise TypeError(
       'Returning a %s from a ParDo or FlatMap is not allowed. '
