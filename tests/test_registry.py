@@ -420,9 +420,16 @@ def test_a_dangling_subtransform_is_refused(api):
   _refused(stub, pipeline, "'nowhere' that is not among")
 
 
-def test_an_empty_pipeline_is_refused(api):
+def test_an_empty_pipeline_is_prepared_and_a_rootless_one_refused(api):
+  # An empty pipeline is Beam's (`with beam.Pipeline() as p: pass`, or one
+  # whose every apply raised, as in Beam's YAML tests): its runners run it
+  # to DONE. Transforms that no root reaches are still refused.
   stub, _ = api
-  _refused(stub, beam_runner_api_pb2.Pipeline(), 'no root transform')
+  prep = _prepare_raw(stub, beam_runner_api_pb2.Pipeline())
+  assert _state(stub, prep.preparation_id) == JobState.STOPPED
+  rootless = beam_runner_api_pb2.Pipeline()
+  rootless.components.transforms['t'].unique_name = 'Orphan'
+  _refused(stub, rootless, 'no root transform')
 
 
 def test_a_garbage_pardo_payload_is_invalid_not_internal(api):

@@ -229,7 +229,12 @@ def _structure_reasons(pipeline: beam_runner_api_pb2.Pipeline) -> list[str]:
   """
   transforms = pipeline.components.transforms
   if not pipeline.root_transform_ids:
-    return ['the pipeline has no root transform: there is nothing to run']
+    if not transforms:
+      # An empty pipeline (`with beam.Pipeline() as p: pass`, or one whose
+      # every apply raised) is Beam's: its runners run it to DONE.
+      return []
+    return [f'the pipeline has {len(transforms)} transform(s) but no root '
+            'transform: there is nothing to run']
   reasons: list[str] = []
 
   def name(tid):
