@@ -45,3 +45,13 @@ def forwarded(level: int, text: str) -> tuple[int, str]:
     return (beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_WARNING,
             f'[{logging.getLevelName(level)}] {text}')
   return importance, text
+
+
+def to_python_logging(logger: logging.Logger):
+  """A job's ``log(text, importance)`` into ``logger``, at the Python level
+  of each message's importance (an engine run without a job's stream)."""
+  def log(text: str, importance: int = (
+      beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_BASIC)):
+    logger.log(PYTHON_LEVELS.get(importance, logging.INFO), '%s', text)
+
+  return log

@@ -5,6 +5,7 @@ No timing here (timed tests are banned); ``python -m benchmarks.run`` times.
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -86,7 +87,11 @@ def test_a_load_test_on_our_runner_and_by_hand(sc):
   options = loadtests._scaled(test.options, 0.004)
   records = options['input_options']['num_records']
   assert records == 2000  # the TESTS' sizes times 0.004
-  ran = loadtests.run_load_test(test, options, OURS)
+  start = time.perf_counter()
+  with loadtests.RunnerEntry() as entry:
+    ran = loadtests.run_load_test(test, options, OURS)
+  # The runner was handed the pipeline once, within the run.
+  assert entry.at is not None and start < entry.at < time.perf_counter()
   (counter, ) = ran.result.metrics().query(
       MetricsFilter().with_name('name-0'))['counters']
   assert counter.committed == records * 10

@@ -282,3 +282,35 @@ def test_compact_records_group_like_decoded_elements():
     assert got == expected
     assert stats.get("paged_groups", 0) == (1 if inline == 20000 else 0)
   paging.release(77)
+
+
+
+@pytest.mark.parametrize('fast', [True, False])
+def test_a_global_combine_groups_in_one_reduce_partition(fast):
+  """CombineGlobally's GroupByKey has the one key None: one reduce
+  partition (planning.lifting.keyed_by_none_only), not one per core of
+  which all but one are empty tasks; windowed, each window's result still
+  comes out. A GroupByKey of keys that are None by the user's Map keeps
+  them all (assert_that's own)."""
+  from apache_beam.transforms import window
+  p = beam.Pipeline(options=PipelineOptions(
+      OURS + ['--spark_parallelism=2'] + ([] if fast else ['--no_fast_path'])))
+  numbers = p | beam.Create(list(range(1, 2001)), reshuffle=True)
+  total = numbers | 'Sum' >> beam.CombineGlobally(sum)
+  windowed = (
+      numbers
+      | beam.Map(lambda n: window.TimestampedValue(n, n % 7))
+      | beam.WindowInto(window.FixedWindows(1))
+      | 'Count' >> beam.combiners.Count.Globally().without_defaults())
+  assert_that(total, equal_to([2001000]), label='CheckSum')
+  counts = [len([n for n in range(1, 2001) if n % 7 == w]) for w in range(7)]
+  assert_that(windowed, equal_to(counts), label='CheckCounts')
+  result = p.run()
+  result.wait_until_finish()
+  execution = result._execution  # pylint: disable=protected-access
+  rdds = execution._engine._buffer_rdds  # pylint: disable=protected-access
+  partitions = {g.transform_name.split('/')[0]: (
+      g.one_key, rdds[b].getNumPartitions())
+                for b, g in execution.plan.groups.items()}
+  assert partitions == {'Sum': (True, 1), 'Count': (True, 1),
+                        'CheckSum': (False, 2), 'CheckCounts': (False, 2)}

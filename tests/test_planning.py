@@ -10,6 +10,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms import environments
 from apache_beam.transforms import userstate
+from apache_beam.transforms import window
 
 from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.planning import check_supported
@@ -348,3 +349,22 @@ def test_a_batch_combine_is_lifted_as_beam_lifts_it():
                            AccumulationMode.DISCARDING)
          | beam.CombinePerKey(sum))
   assert _precombined(plan_pipeline(_proto(build)))
+
+
+def test_a_global_combines_grouping_has_one_key_in_batch_only():
+  def build(p):
+    numbers = p | beam.Create([1, 2, 3])
+    _ = numbers | 'Sum' >> beam.CombineGlobally(sum)
+    _ = (numbers | 'Window' >> beam.WindowInto(window.FixedWindows(10))
+         | 'Count' >> beam.combiners.Count.Globally().without_defaults())
+    _ = numbers | beam.Map(lambda n: (n % 2, n)) | beam.CombinePerKey(sum)
+    _ = numbers | beam.Map(lambda n: (None, n)) | beam.GroupByKey()
+
+  proto = _proto(build)
+  groups = plan_pipeline(proto).groups.values()
+  one_key = sorted(g.transform_name for g in groups if g.one_key)
+  assert len(groups) == 4 and len(one_key) == 2
+  assert one_key[0].startswith('Count/') and one_key[1].startswith('Sum/')
+  # A GroupByKey of keys the user made None is not known to have one key.
+  streamed = plan_pipeline(proto, streaming=True).groups.values()
+  assert streamed and not any(g.one_key for g in streamed)

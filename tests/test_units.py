@@ -3,14 +3,23 @@
 import collections
 import logging
 
+import apache_beam as beam
+import pytest
+from apache_beam import coders
+from apache_beam.io.restriction_trackers import OffsetRange
+from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.testing.synthetic_pipeline import SyntheticSource
+from apache_beam.transforms import userstate
+from apache_beam.transforms import window
 
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.metrics import merge_monitoring_infos
+from beam_pyspark.planning import fastpath as fastpath_plan
 from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.streaming.timers import TimerTable
+from beam_pyspark.worker.fastpath import chain
 
 Timer = collections.namedtuple(
     'Timer', 'user_key dynamic_timer_tag windows clear_bit fire_timestamp')
@@ -372,3 +381,56 @@ def test_a_job_server_port_on_localhost_is_its_own_on_ipv4():
   with socket.socket() as probe:  # 127.0.0.1:free is the server's now
     with pytest.raises(OSError):
       probe.bind(('127.0.0.1', free))
+
+
+class _Plain(beam.DoFn):
+  def process(self, element, timestamp=beam.DoFn.TimestampParam):
+    yield element, timestamp
+
+
+class _Stateful(beam.DoFn):
+  COUNT = userstate.ReadModifyWriteStateSpec('count', coders.VarIntCoder())
+
+  def process(self, element, count=beam.DoFn.StateParam(COUNT)):
+    yield element
+
+
+class _Restricted(beam.DoFn, beam.transforms.core.RestrictionProvider):
+  def process(self, element, tracker=beam.DoFn.RestrictionParam()):
+    yield element
+
+  def initial_restriction(self, element):
+    return OffsetRange(0, 1)
+
+  def create_tracker(self, restriction):
+    return OffsetRestrictionTracker(restriction)
+
+  def restriction_size(self, element, restriction):
+    return 1
+
+
+class _ArgsInStartBundle(beam.DoFn):
+  def start_bundle(self, window=beam.DoFn.WindowParam):
+    pass
+
+  def process(self, element):
+    yield element
+
+
+def test_the_fast_paths_dofn_check_refuses_state_restrictions_and_bundle_params():
+  """chain._pardo's own check (without Beam's whole DoFnSignature): a DoFn
+  taking state, a timer or a restriction in process, or parameters in a
+  bundle method, is refused even if a plan let it through; the element
+  and its timestamp are taken."""
+  def load(dofn):
+    step = fastpath_plan.Step('t', 'T', fastpath_plan.PARDO, b'', 'in',
+                              (('None', 'out'), ))
+    return chain._pardo(step, dofn, [], {}, window.GlobalWindows())
+
+  call = load(_Plain())
+  assert call.params == [(0, 'timestamp')] and call.dofn is not None
+  for dofn, reason in ((_Stateful(), 'stateful'),
+                       (_Restricted(), 'splittable'),
+                       (_ArgsInStartBundle(), 'takes parameters')):
+    with pytest.raises(chain.NotEligible, match=reason):
+      load(dofn)

@@ -25,14 +25,18 @@ GroupByKey, then the combine of the grouped values.
 from __future__ import annotations
 
 from apache_beam.portability import common_urns
+from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations as tr
+from apache_beam.runners.worker import bundle_processor
 
 from beam_pyspark.planning import readbreak
 
 _EOW = (beam_runner_api_pb2.OutputTime.END_OF_WINDOW,
         beam_runner_api_pb2.OutputTime.UNSPECIFIED)
 _COMBINE_PER_KEY = common_urns.composites.COMBINE_PER_KEY.urn
+_PRECOMBINE = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+_PAR_DO = common_urns.primitives.PAR_DO.urn
 
 
 def counts_elements(trigger: beam_runner_api_pb2.Trigger) -> bool:
@@ -101,3 +105,24 @@ def streaming_phases(phases) -> list:
     if phase is tr.expand_sdf:
       out.append(readbreak.break_unbounded_reads)
   return out
+
+
+def keyed_by_none_only(stages, pcoll_id: str) -> bool:
+  """Whether every element of ``pcoll_id`` has the key None: the output of
+  CombineGlobally's KeyWithVoid (a DoFn of Beam's known by its URN),
+  directly or through its lifted precombine (which keeps keys), in the
+  fused ``stages``. A GroupByKey of it has one key, so one reduce
+  partition holds it all and any other is an empty task: a batch plan
+  gives it one (not a streaming one, whose groups keep their state in
+  their key's partition of all of them)."""
+  producers = {
+      out: t for stage in stages for t in stage.transforms
+      if t.spec.urn != bundle_processor.DATA_INPUT_URN
+      for out in t.outputs.values()}
+  producer = producers.get(pcoll_id)
+  if producer is not None and producer.spec.urn == _PRECOMBINE:
+    producer = producers.get(tr.only_element(list(producer.inputs.values())))
+  if producer is None or producer.spec.urn != _PAR_DO:
+    return False
+  payload = beam_runner_api_pb2.ParDoPayload.FromString(producer.spec.payload)
+  return payload.do_fn.urn == python_urns.KEY_WITH_NONE_DOFN

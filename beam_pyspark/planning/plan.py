@@ -117,10 +117,9 @@ class GroupSpec:
   windowing_strategy_id: str
   default_windowing: bool
   opaque_windows: bool = False
-  # Windows closed at the end of input as Beam's model says (planning.sdks.
-  # closes_windows_at_end, worker.shuffle.panes).
-  final_panes: bool = False
+  final_panes: bool = False  # sdks.closes_windows_at_end, shuffle.panes
   fires_per_element: bool = False  # sdks.fires_per_element
+  one_key: bool = False  # batch: lifting.keyed_by_none_only
 
 
 @dataclasses.dataclass
@@ -247,17 +246,15 @@ def _expand_recoding_reshuffles(pipeline: beam_runner_api_pb2.Pipeline) -> None:
   components = pipeline.components
   urn = common_urns.composites.RESHUFFLE.urn
   for transform in components.transforms.values():
-    if transform.spec.urn != urn or not transform.subtransforms:
-      continue
-    if len(transform.inputs) != 1 or len(transform.outputs) != 1:
+    if (transform.spec.urn != urn or not transform.subtransforms or
+        len(transform.inputs) != 1 or len(transform.outputs) != 1):
       continue
     (pin,) = transform.inputs.values()
     (pout,) = transform.outputs.values()
     coder_in = components.pcollections[pin].coder_id
     coder_out = components.pcollections[pout].coder_id
-    if coder_in == coder_out:
-      continue
-    if _coder_key(components, coder_in) != _coder_key(components, coder_out):
+    if coder_in != coder_out and (_coder_key(components, coder_in) !=
+                                  _coder_key(components, coder_out)):
       transform.spec.Clear()
 
 
@@ -317,7 +314,8 @@ def plan_pipeline(
     for buffer_id in list(outputs.values()):
       kind, name = tr.split_buffer_id(buffer_id)
       if kind == 'group' and buffer_id not in groups:
-        groups[buffer_id] = _group_spec(buffer_id, name, context)
+        groups[buffer_id] = _group_spec(buffer_id, name, context,
+                                        None if streaming else stages)
 
     split = reads.split_transform(stage.transforms)
     if split is not None:
@@ -454,11 +452,10 @@ def _producers_first(stages: list[StagePlan]) -> list[StagePlan]:
   for i, stage in enumerate(stages):
     for buffer_id in stage.outputs.values():
       producers.setdefault(buffer_id, set()).add(i)
-  needs = []
-  for i, stage in enumerate(stages):
-    reads = list(stage.inputs.values()) + [
-        si.buffer_id for si in stage.side_inputs]
-    needs.append({p for b in reads for p in producers.get(b, ()) if p != i})
+  needs = [{p for b in [*stage.inputs.values(),
+                        *(si.buffer_id for si in stage.side_inputs)]
+            for p in producers.get(b, ()) if p != i}
+           for i, stage in enumerate(stages)]
   ordered, placed = [], set()
   while len(ordered) < len(stages):
     ready = [i for i in range(len(stages))
@@ -476,7 +473,8 @@ def _grpc_port(coder_id: str, url: Optional[str] = None) -> bytes:
   return port.SerializeToString()
 
 
-def _group_spec(buffer_id: bytes, gbk_transform_id: str, context) -> GroupSpec:
+def _group_spec(buffer_id: bytes, gbk_transform_id: str, context,
+                stages) -> GroupSpec:
   components = context.components
   transform = components.transforms[gbk_transform_id]
   input_pcoll = tr.only_element(list(transform.inputs.values()))
@@ -500,7 +498,9 @@ def _group_spec(buffer_id: bytes, gbk_transform_id: str, context) -> GroupSpec:
       default_windowing=is_default_windowing(ws),
       opaque_windows=opaque,
       final_panes=closes_windows_at_end(components, ws),
-      fires_per_element=fires_per_element(components, input_pcoll))
+      fires_per_element=fires_per_element(components, input_pcoll),
+      one_key=stages is not None and lifting.keyed_by_none_only(
+          stages, input_pcoll))
 
 
 def is_default_windowing(ws: beam_runner_api_pb2.WindowingStrategy) -> bool:

@@ -27,14 +27,13 @@ from typing import Callable
 from typing import Optional
 
 from apache_beam.portability.api import beam_fn_api_pb2
-from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 from apache_beam.runners.portability.fn_api_runner import translations as tr
 
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
-from beam_pyspark.messages import PYTHON_LEVELS
 from beam_pyspark.messages import forwarded
+from beam_pyspark.messages import to_python_logging
 from beam_pyspark.metrics import TaskMetrics
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import readbreak
@@ -94,12 +93,14 @@ class SparkPipelineJob:
     self.job_id = job_id
     self.options = options or RunnerOptions()
     # log(text, importance): the job's message stream.
-    self.log = log or _log_to_python
+    self.log = log or to_python_logging(_LOGGER)
     self._ctx = None
     self._cancelled = threading.Event()
     self._runtime = JobRuntime(job_id, plan.components)
     self._parallelism = self.options.parallelism or max(
         2, sc.defaultParallelism)
+    # A global combine's GroupByKey has one key: one reduce partition.
+    self._partitions = {b: 1 for b, g in plan.groups.items() if g.one_key}
     self._consumers = plan.consumers()
     self._producers = plan.producers()
     self._producer_rdds: dict[bytes, list] = {}
@@ -288,7 +289,8 @@ class SparkPipelineJob:
       self._broadcasts.append(side)
 
     group_outputs = {
-        transform_id: (stage.output_coders[transform_id], self._parallelism,
+        transform_id: (stage.output_coders[transform_id],
+                       self._partitions.get(buffer_id, self._parallelism),
                        self._compact(buffer_id))
         for transform_id, buffer_id in stage.outputs.items()
         if tr.split_buffer_id(buffer_id)[0] == 'group'
@@ -432,7 +434,8 @@ class SparkPipelineJob:
         with naming.call_site(self.sc, naming.shuffle_site(
             [self._labels[p.name] for p in self._producers.get(buffer_id, ())],
             spec.transform_name)):  # its map side: the writers' Spark stage
-          chunks = shuffle_chunks(source, self._parallelism)
+          chunks = shuffle_chunks(
+              source, self._partitions.get(buffer_id, self._parallelism))
         rdd = chunks.mapPartitions(
             tasks.GroupValues(
                 self._ctx, spec, self._group_budget,
@@ -513,8 +516,3 @@ class SparkPipelineJob:
     for _, level, text in sorted(fresh, key=lambda e: e[0]):
       importance, text = forwarded(level, text)
       self.log(text, importance)
-
-
-def _log_to_python(text: str, importance: int = (
-    beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_BASIC)) -> None:
-  _LOGGER.log(PYTHON_LEVELS.get(importance, logging.INFO), '%s', text)
