@@ -30,6 +30,13 @@ def _window_files(directory: str) -> list[str]:
                 os.path.isfile(os.path.join(directory, n)))
 
 
+def _as_from_a_terminal():
+  # Ctrl-C's default, as a command typed in a terminal has it: a suite run
+  # in the background (or under nohup) hands its children SIGINT ignored,
+  # and Python then never raises KeyboardInterrupt.
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_windows_arrive_while_the_source_runs_and_ctrl_c_keeps_the_checkpoint(
     tmp_path):
   output = str(tmp_path / 'counts')
@@ -42,7 +49,8 @@ def test_windows_arrive_while_the_source_runs_and_ctrl_c_keeps_the_checkpoint(
          '--runner=beam_pyspark.PySparkRunner', '--streaming',
          '--spark_master_url=local[2]', f'--seconds={SOURCE_SECS}',
          '--rate=50', f'--checkpoint_location={checkpoint}'],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+        preexec_fn=_as_from_a_terminal)
   try:
     files = []
     while time.time() - started < WINDOW_WAIT_SECS and proc.poll() is None:

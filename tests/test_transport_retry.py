@@ -422,7 +422,11 @@ def test_each_harness_serves_under_a_loopback_address_of_its_own():
 if __name__ == '__main__':
   # A Python worker for the test above: the stage's harness is started by
   # the worker pool at sys.argv[1].
+  import signal
   import sys
+  # As PySpark's daemon sets up each Python worker it forks (a suite run
+  # under nohup, or in the background, hands its children SIGHUP ignored).
+  signal.signal(signal.SIGHUP, signal.SIG_DFL)
   external = environments.ExternalEnvironment(sys.argv[1])
   stage = _StatefulStage(external)
   outputs = list(StageRunner(stage.job_id, stage.runtime, stage.stage).run(
