@@ -28,7 +28,6 @@ from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations as tr
-from apache_beam.runners.worker import bundle_processor
 
 from beam_pyspark.planning import readbreak
 
@@ -107,18 +106,15 @@ def streaming_phases(phases) -> list:
   return out
 
 
-def keyed_by_none_only(stages, pcoll_id: str) -> bool:
+def keyed_by_none_only(producers: dict, pcoll_id: str) -> bool:
   """Whether every element of ``pcoll_id`` has the key None: the output of
   CombineGlobally's KeyWithVoid (a DoFn of Beam's known by its URN),
-  directly or through its lifted precombine (which keeps keys), in the
-  fused ``stages``. A GroupByKey of it has one key, so one reduce
-  partition holds it all and any other is an empty task: a batch plan
-  gives it one (not a streaming one, whose groups keep their state in
-  their key's partition of all of them)."""
-  producers = {
-      out: t for stage in stages for t in stage.transforms
-      if t.spec.urn != bundle_processor.DATA_INPUT_URN
-      for out in t.outputs.values()}
+  directly or through its lifted precombine (which keeps keys);
+  ``producers``: each PCollection's producing transform in the fused
+  stages. A GroupByKey of it has one key, so one reduce partition holds it
+  all and any other is an empty task: a batch plan gives it one (not a
+  streaming one, whose groups keep their state in their key's partition
+  of all of them)."""
   producer = producers.get(pcoll_id)
   if producer is not None and producer.spec.urn == _PRECOMBINE:
     producer = producers.get(tr.only_element(list(producer.inputs.values())))

@@ -314,8 +314,8 @@ def plan_pipeline(
     for buffer_id in list(outputs.values()):
       kind, name = tr.split_buffer_id(buffer_id)
       if kind == 'group' and buffer_id not in groups:
-        groups[buffer_id] = _group_spec(buffer_id, name, context,
-                                        None if streaming else stages)
+        groups[buffer_id] = _group_spec(
+            buffer_id, name, context, None if streaming else producers_by_pcoll)
 
     split = reads.split_transform(stage.transforms)
     if split is not None:
@@ -474,7 +474,7 @@ def _grpc_port(coder_id: str, url: Optional[str] = None) -> bytes:
 
 
 def _group_spec(buffer_id: bytes, gbk_transform_id: str, context,
-                stages) -> GroupSpec:
+                producers: Optional[dict]) -> GroupSpec:
   components = context.components
   transform = components.transforms[gbk_transform_id]
   input_pcoll = tr.only_element(list(transform.inputs.values()))
@@ -499,8 +499,8 @@ def _group_spec(buffer_id: bytes, gbk_transform_id: str, context,
       opaque_windows=opaque,
       final_panes=closes_windows_at_end(components, ws),
       fires_per_element=fires_per_element(components, input_pcoll),
-      one_key=stages is not None and lifting.keyed_by_none_only(
-          stages, input_pcoll))
+      one_key=producers is not None and lifting.keyed_by_none_only(
+          producers, input_pcoll))
 
 
 def is_default_windowing(ws: beam_runner_api_pb2.WindowingStrategy) -> bool:
