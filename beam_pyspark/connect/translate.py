@@ -169,6 +169,9 @@ class StageTranslator:
       to = targets(n)
       spread = self._rows([('', to[b], sized[i][1])
                            for b, members in enumerate(bins) for i in members])
+    elif stage.keeps_keys:  # a key's elements in one partition
+      spread = map_in_arrow(source, tasks.ArrowKey(
+          self._ctx, stage.input_coders[in_id], in_id, n))
     else:
       spread = map_in_arrow(source, tasks.ArrowSpread(
           self._ctx, stage.input_coders[in_id], n))

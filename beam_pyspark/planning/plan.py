@@ -25,6 +25,7 @@ from apache_beam.utils import proto_utils
 
 from beam_pyspark.planning import lifting
 from beam_pyspark.planning import reads
+from beam_pyspark.planning import reshuffles
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import closes_windows_at_end
 from beam_pyspark.planning.sdks import grouping_coders
@@ -140,6 +141,9 @@ class StagePlan:
   stateful: bool = False
   # For reshuffle stages fed by expand_sdf: elements are sized restrictions.
   sized: bool = False
+  # For reshuffle stages: a key's elements stay in one partition (Java's
+  # keyed Reshuffle.of, sdks.reshuffle_keeps_keys); else dealt evenly.
+  keeps_keys: bool = False
   transform_names: list[str] = dataclasses.field(default_factory=list)
   # The environment whose harness runs the stage ('' for none).
   environment_id: str = ''
@@ -189,23 +193,6 @@ class ExecutionPlan:
     return result
 
 
-def _reshuffle_main_input(reshuffle, producers_by_pcoll) -> str:
-  """The PCollection a Reshuffle moves: its only input, or, for the one
-  expand_sdf inserts (which lists the ParDo's side inputs too), the sized
-  restrictions made by SplitAndSizeRestrictions."""
-  pcolls = list(reshuffle.inputs.values())
-  if len(pcolls) == 1:
-    return pcolls[0]
-  sized = [
-      p for p in pcolls if p in producers_by_pcoll and
-      producers_by_pcoll[p].spec.urn in _SPLIT_URNS]
-  if len(sized) != 1:
-    raise ValueError(
-        f'Reshuffle {reshuffle.unique_name!r} has {len(pcolls)} inputs and '
-        f'{len(sized)} of them are split restrictions; expected exactly one.')
-  return sized[0]
-
-
 def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False,
          streaming: bool = False):
   """Runs Beam's fusion phases; returns (TransformContext, [Stage]).
@@ -214,48 +201,12 @@ def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False,
   for a draining job; ``streaming`` chooses a streaming job's phases.
   """
   pipeline_proto = copy.deepcopy(pipeline_proto)
-  _expand_recoding_reshuffles(pipeline_proto)
+  reshuffles.expand_recoding(pipeline_proto)
   return tr.create_and_optimize_stages(
       pipeline_proto,
       phases=lifting.streaming_phases(PHASES) if streaming else PHASES,
       known_runner_urns=KNOWN_RUNNER_URNS,
       is_drain=drain)
-
-
-def _coder_key(components, coder_id: str, depth: int = 0):
-  """A coder's structure (URN, payload, components), whatever its id."""
-  coder = components.coders[coder_id]
-  if depth > 50:
-    raise ValueError(f'coder {coder_id!r} nests too deep')
-  return (coder.spec.urn, coder.spec.payload, tuple(
-      _coder_key(components, c, depth + 1) for c in coder.component_coder_ids))
-
-
-def _expand_recoding_reshuffles(pipeline: beam_runner_api_pb2.Pipeline) -> None:
-  """Runs as composites the Reshuffles whose output coder is not their
-  input's.
-
-  The runner moves a Reshuffle's elements as it sees them, in their
-  runner-safe form, where an element type the SDK encodes (a NamedTuple
-  key, with a deterministic pickling coder) is opaque bytes: the bytes of
-  the input coder would reach a consumer decoding with another coder
-  ("Unknown type tag" when a NamedTuple key went through Reshuffle). Such a
-  Reshuffle runs its own expansion in the SDK (as Beam's runners do), which
-  re-encodes; the others stay the runner's repartition.
-  """
-  components = pipeline.components
-  urn = common_urns.composites.RESHUFFLE.urn
-  for transform in components.transforms.values():
-    if (transform.spec.urn != urn or not transform.subtransforms or
-        len(transform.inputs) != 1 or len(transform.outputs) != 1):
-      continue
-    (pin,) = transform.inputs.values()
-    (pout,) = transform.outputs.values()
-    coder_in = components.pcollections[pin].coder_id
-    coder_out = components.pcollections[pout].coder_id
-    if coder_in != coder_out and (_coder_key(components, coder_in) !=
-                                  _coder_key(components, coder_out)):
-      transform.spec.Clear()
 
 
 def plan_pipeline(
@@ -356,7 +307,7 @@ def plan_pipeline(
       continue
 
     if reshuffle is not None:
-      main = _reshuffle_main_input(reshuffle, producers_by_pcoll)
+      main = reshuffles.main_input(reshuffle, producers_by_pcoll, _SPLIT_URNS)
       # Beam's expand_sdf gives the Reshuffle between splitting and
       # processing restrictions all the splittable ParDo's inputs, its side
       # inputs too; fusion makes each a data input. Only the restrictions
@@ -378,6 +329,8 @@ def plan_pipeline(
               input_coders=input_coders,
               output_coders=output_coders,
               sized=sized,
+              keeps_keys=not sized and reshuffles.keeps_keys(
+                  components, reshuffle),
               transform_names=[t.unique_name for t in stage.transforms]))
       continue
 
@@ -443,7 +396,7 @@ def _producers_first(stages: list[StagePlan]) -> list[StagePlan]:
 
   Fusion orders stages by the inputs they had when fused; the Reshuffle
   that expand_sdf inserts listed the ParDo's side inputs as well, and once
-  the plan drops them (``_reshuffle_main_input``) fusion's order may put
+  the plan drops them (``reshuffles.main_input``) fusion's order may put
   that Reshuffle before the stage that splits the restrictions it moves,
   which then read a buffer nothing had written yet (empty output, on some
   hash seeds).

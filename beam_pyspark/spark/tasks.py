@@ -425,6 +425,15 @@ def pack_tagged(records):
       yield transform_id, chunk
 
 
+def pack_by_key(records):
+  """(key, (input id, element)) -> chunks, each key's elements together and
+  in the order they came (a keyed Reshuffle's partition, sdks.reshuffle_keeps_keys)."""
+  by_key: dict[bytes, list[bytes]] = {}
+  for key, (_, element) in records:
+    by_key.setdefault(key, []).append(element)
+  yield from elements.pack(e for run in by_key.values() for e in run)
+
+
 class GroupValues:
   """Reduce side of a GroupByKey, after the shuffle of record chunks.
 

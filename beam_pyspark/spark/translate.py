@@ -349,9 +349,8 @@ class SparkPipelineJob:
     (in_id, buffer_id), = stage.inputs.items()
     source = self._buffer(buffer_id)
     if not stage.outputs:
-      # Nothing reads the reshuffled collection (Beam's Go regression test
-      # LPErrorReshufflePipeline): what it reshuffles is still computed,
-      # as the job's terminal output.
+      # Nothing reads it (Beam's Go test LPErrorReshufflePipeline): what it
+      # reshuffles is still computed, as the job's terminal output.
       return source
     (out_id, _), = stage.outputs.items()
     transcode = tasks.Transcode(
@@ -365,9 +364,13 @@ class SparkPipelineJob:
       self.log(f'{stage.name}: {len(sized)} restrictions packed into '
                f'{len(bins)} partitions by size')
       packed = [[sized[i][1] for i in b] for b in bins] or [[]]
-      out = (
-          self.sc.parallelize(packed, len(packed)).flatMap(tasks.identity)
-          .mapPartitions(transcode))
+      out = self.sc.parallelize(packed, len(packed)).flatMap(
+          tasks.identity).mapPartitions(transcode)
+    elif stage.keeps_keys:  # a key's elements in one partition, together
+      out = source.mapPartitions(tasks.KeyElements(
+          self._ctx, stage.input_coders[in_id], in_id)).partitionBy(
+              self._parallelism, stable_hash).mapPartitions(
+                  tasks.pack_by_key).mapPartitions(transcode)
     else:
       out = (
           source.mapPartitionsWithIndex(tasks.SpreadElements(
