@@ -51,7 +51,7 @@ demo: setup
 # Beam's Java SDK (Maven, into ~/.m2) for tests/test_sdk_java*.py; again
 # only when sdks/java/pom.xml changes.
 JAVA_SDK_STAMP := sdks/java/target/classpath.txt
-$(JAVA_SDK_STAMP): sdks/java/pom.xml scripts/sdk-java.sh
+$(JAVA_SDK_STAMP): sdks/java/pom.xml sdks/java/examples/pom.xml scripts/sdk-java.sh
 	@scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
@@ -119,14 +119,18 @@ GO_BEAM := github.com/apache/beam/sdks/v2/go
 GO_TEST_PACKAGES := $(GO_BEAM)/test/integration/primitives \
   $(GO_BEAM)/test/integration/synthetic \
   $(GO_BEAM)/test/integration/wordcount $(GO_BEAM)/test/regression
-$(GO_BIN)/.built: sdks/go/go.mod sdks/go/go.sum
+# Go's examples the tests compare with Go's own runners (wordcount, and the
+# windowed and sharded writes of tests/test_sdk_examples.py).
+GO_EXAMPLES := wordcount windowed_wordcount large_wordcount
+$(GO_BIN)/.built-examples: sdks/go/go.mod sdks/go/go.sum
 	@command -v $(GO) >/dev/null || { echo "make sdk-go: no 'go' on PATH (Go 1.26 or later is needed)" >&2; exit 1; }
 	cd sdks/go && $(GO) mod download
-	cd sdks/go && $(GO) build -ldflags=-w -o bin/wordcount $(GO_BEAM)/examples/wordcount
+	cd sdks/go && for e in $(GO_EXAMPLES); do \
+	  $(GO) build -ldflags=-w -o bin/$$e $(GO_BEAM)/examples/$$e || exit 1; done
 	cd sdks/go && $(GO) test -c -ldflags=-w -o bin/ $(GO_TEST_PACKAGES)
 	@touch $@
 
-sdk-go: $(GO_BIN)/.built
+sdk-go: $(GO_BIN)/.built-examples
 
 clean:
 	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN) \

@@ -22,5 +22,9 @@ fi
 mvn -B -q dependency:go-offline
 mvn -B -q surefire:test -Dtest=VarIntCoderTest
 mvn -B -q -o dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
+# Beam's own examples (beam-examples-java) with what their classes link
+# (tests/test_sdk_examples.py): a classpath of their own.
+(cd examples && mvn -B -q dependency:go-offline &&
+ mvn -B -q -o dependency:build-classpath -Dmdep.outputFile=target/classpath.txt)
 touch target/classpath.txt  # make's stamp: Maven keeps an unchanged file's time
 echo "sdk-java: Beam's Java SDK resolved (classpath in sdks/java/target/classpath.txt)"
