@@ -100,6 +100,13 @@ def _job_server_parser(sub) -> None:
                  'source too) in the background when the server starts, so '
                  'that the first job does not wait 10-30 s for it (default); '
                  '--no-spark-warm-up starts it at the first job.')
+  p.add_argument('--split-stragglers-after-secs', type=float, default=None,
+                 metavar='SECS',
+                 help='Split a bundle of a splittable read still running after '
+                 'SECS and hand its rest to other tasks, for jobs that do not '
+                 'set --split_stragglers_after_secs themselves (Java, Go and '
+                 'TypeScript pipelines cannot); 0 turns splitting off '
+                 '(default: the runner\'s, 10 s).')
   p.add_argument('--max-staging-buffer-bytes', type=int,
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
@@ -151,7 +158,8 @@ def main(argv=None) -> int:
             status_cancel=args.status_cancel,
             status_allowed_hosts=list(args.status_allowed_host),
             environment_overrides=list(args.environment_override),
-            spark_warm_up=args.spark_warm_up))
+            spark_warm_up=args.spark_warm_up,
+            split_stragglers_after_secs=args.split_stragglers_after_secs))
   except ArtifactsDirInUseError as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1

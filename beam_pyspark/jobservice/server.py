@@ -84,6 +84,9 @@ class JobServerConfig:
   # Start Spark at start, in the background (its SQL session and the
   # streaming source too), so that the first job does not wait for it.
   spark_warm_up: bool = True
+  # The straggler-split threshold of jobs that set none themselves (an SDK
+  # other than Python cannot pass the runner's options): None, the runner's.
+  split_stragglers_after_secs: Optional[float] = None
 
 
 def expansion_options():
@@ -145,6 +148,10 @@ def spark_invoke(config: JobServerConfig,
     runner_options = RunnerOptions.from_job_options(
         options, master=config.spark_master_url, conf=config.spark_conf,
         remote=config.spark_remote)
+    if (config.split_stragglers_after_secs is not None and
+        'beam:option:split_stragglers_after_secs:v1' not in options):
+      runner_options.split_stragglers_after_secs = (
+          config.split_stragglers_after_secs)
     if recovery is not None:
       recovery.assign(job_id, pipeline, runner_options)
     return PipelineExecution(pipeline, runner_options, job_id, listener,

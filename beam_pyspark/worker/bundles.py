@@ -167,7 +167,8 @@ class StageRunner:
     if after > 0 and h.splits_bundles and self._limits is None:
       split_input = splittable_input(self._descriptor)
       if split_input is not None:
-        self._split = (split_input, after)
+        self._split = (split_input, after, self.runtime.coder_impl(
+            self.stage.input_coders[split_input]))
     self._state = self.state_backend.open(
         self.side_inputs, journaled=self.stage.stateful)
     # The harness may cache this task's user state across its bundles.

@@ -33,6 +33,7 @@ from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import DATA_INPUT_URN
 from beam_pyspark.planning.plan import DATA_OUTPUT_URN
 from beam_pyspark.planning.validate import concrete_environment
+from beam_pyspark.worker.elements import split_elements
 from beam_pyspark.worker.harnesses.base import CollectedBundle
 from beam_pyspark.worker.harnesses.base import HarnessLostError
 from beam_pyspark.worker.harnesses.base import user_state_tokens
@@ -136,7 +137,7 @@ class RemoteHarness:
     finished = threading.Event()
     if split is not None:
       monitor = threading.Thread(
-          target=self._split_straggler, args=(iid, split, finished),
+          target=self._split_straggler, args=(iid, split, finished, data),
           name=f'split-{iid}', daemon=True)
     conn = self.runner_side
     send_input(conn, iid, data, timers)
@@ -184,7 +185,7 @@ class RemoteHarness:
     self.last_used = time.monotonic()
     return CollectedBundle(iid, response, outputs)
 
-  def _split_straggler(self, iid: str, split: tuple, finished) -> None:
+  def _split_straggler(self, iid: str, split: tuple, finished, data) -> None:
     """Splits bundle ``iid`` once it has run ``after_secs``; a bundle the
     harness cannot split yet (not started, e.g. on a loaded machine, or at
     an unsplittable point) is asked again every ``after_secs`` until it
@@ -192,10 +193,14 @@ class RemoteHarness:
     after_secs = split[1]
     started = time.monotonic()
     while not finished.wait(after_secs):
-      if self._try_split(iid, split, finished, started):
+      if self._try_split(iid, split, finished, started, data):
         return
 
-  def _try_split(self, iid: str, split: tuple, finished, started) -> bool:
+  def _try_split(self, iid: str, split: tuple, finished, started,
+                 data) -> bool:
+    """Asks for half the bundle's remainder, telling the SDK how many
+    elements the bundle reads (Go's SDK, told none, splits past the last
+    element: nothing moves)."""
     input_id = split[0]
     try:
       progress = self.do(
@@ -212,7 +217,10 @@ class RemoteHarness:
                   instruction_id=iid,
                   desired_splits={
                       input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.
-                      DesiredSplit(fraction_of_remainder=0.5)
+                      DesiredSplit(fraction_of_remainder=0.5,
+                                   estimated_input_elements=sum(
+                                       1 for _ in split_elements(
+                                           split[2], data.get(input_id, ()))))
                   })))
       if response.error:
         return False
