@@ -311,3 +311,22 @@ def test_process_harness_logs_reach_the_message_stream(server):
              m.message_text.startswith('[ERROR] ') for m in hits)
   assert not [m for m in messages
               if m.importance == Importance.JOB_MESSAGE_ERROR]
+
+
+def test_job_longer_than_job_server_timeout_ends_done(server):
+  """Beam's client opens its state and message streams on the preparation
+  id with ``timeout=job_server_timeout``, and on the job id without one
+  only if the server refuses the preparation id: ours must, or the client's
+  deadline ends every job that runs longer (DEADLINE_EXCEEDED)."""
+  import apache_beam as beam
+
+  def slow(x):
+    import time as t
+    t.sleep(12)
+    return x
+
+  p = beam.Pipeline(options=_portable_options(
+      server, '--job_server_timeout=5'))
+  _ = p | beam.Create([1]) | beam.Map(slow)
+  result = p.run()
+  assert result.wait_until_finish() == 'DONE'

@@ -173,6 +173,36 @@ def test_state_stream_follows_a_live_job_until_it_ends(api, executor):
                   JobState.FAILED]
 
 
+def test_streams_on_a_preparation_open_only_once_it_runs(api, executor):
+  """As Beam's Java job service: Beam's Python client then opens them on
+  Run's job id, without its job_server_timeout deadline."""
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  for open_stream in (
+      lambda: stub.GetStateStream(
+          beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10),
+      lambda: stub.GetMessageStream(
+          beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=10)):
+    with pytest.raises(grpc.RpcError) as info:
+      next(open_stream())
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert job_id in info.value.details()
+    assert 'not running' in info.value.details()
+  assert _state(stub, job_id) == JobState.STOPPED
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  executor.executions[job_id].emit(JobState.DONE)
+  assert [e.state for e in stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10)] == [
+          JobState.STOPPED, JobState.STARTING, JobState.RUNNING,
+          JobState.DONE]
+  # A cancelled preparation's stream ends at once with its states.
+  other = _prepare(stub).preparation_id
+  stub.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=other))
+  assert [e.state for e in stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=other), timeout=10)] == [
+          JobState.STOPPED, JobState.CANCELLED]
+
+
 def test_unknown_ids_are_not_found(api):
   stub, _ = api
   for call, request in [

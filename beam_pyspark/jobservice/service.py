@@ -277,14 +277,36 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
   def GetState(self, request, context=None):
     return _state_event(self.registry.state(request.job_id))
 
+  def _refuse_unrun(self, job_id: str) -> None:
+    """Refuses a stream on a preparation not run yet.
+
+    Beam's Python PortableRunner opens its state and message streams on
+    the preparation id with ``timeout=job_server_timeout`` (300 s by
+    default) and, only if the server refuses that id, opens them on Run's
+    job id with no deadline (portable_runner.py, ``JobServiceHandle.run``).
+    Beam's Java InMemoryJobService refuses it (a preparation is not an
+    invocation there). A server that accepted it would bind the whole job
+    to the client's deadline: DEADLINE_EXCEEDED after 300 s. Once run, the
+    same id (ours are one) serves its streams from the job's start.
+    """
+    job = self.registry.job(job_id)
+    if not job.has_run and job.state == beam_job_api_pb2.JobState.STOPPED:
+      raise Refusal(
+          grpc.StatusCode.NOT_FOUND,
+          f'Job {job_id!r} is prepared but not running: its state and '
+          'message streams open once Run has started it (GetState answers '
+          'before).')
+
   @_streaming
   def GetStateStream(self, request, context=None):
+    self._refuse_unrun(request.job_id)
     for event in self.registry.subscribe(
         request.job_id, messages=False, active=_active(context)):
       yield _state_event(event)
 
   @_streaming
   def GetMessageStream(self, request, context=None):
+    self._refuse_unrun(request.job_id)
     events = self.registry.subscribe(
         request.job_id, messages=True, active=_active(context))
     for number, event in enumerate(events, 1):
