@@ -125,6 +125,7 @@ def main(argv=None) -> int:
   from beam_pyspark.jobservice.server import ArtifactsDirInUseError
   from beam_pyspark.jobservice.server import JobServer
   from beam_pyspark.jobservice.server import JobServerConfig
+  from beam_pyspark.jobservice.server import PortInUseError
   try:
     conf = parse_conf(args.spark_conf)
   except Exception as exn:  # pylint: disable=broad-except
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
             status_allowed_hosts=list(args.status_allowed_host),
             environment_overrides=list(args.environment_override),
             spark_warm_up=args.spark_warm_up))
-  except ArtifactsDirInUseError as exn:
+  except (ArtifactsDirInUseError, PortInUseError) as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1
   server.start()

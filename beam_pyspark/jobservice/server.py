@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
+import socket
 import threading
 import time
 from concurrent import futures
@@ -30,8 +32,45 @@ from beam_pyspark.planning.environments import parse_all as parse_overrides
 _LOGGER = logging.getLogger(__name__)
 
 
-def bind_port(server, host: str, port: int) -> int:
-  """Opens ``port`` (0: a free one) of ``host`` on the gRPC ``server``.
+# gRPC sets SO_REUSEPORT on its listening sockets by default: a second
+# server started with the same default binds the port a first one holds,
+# without a word, and the kernel then shares connections between the two
+# (two job servers on 8099 each got half of the clients). Off, a port held
+# by anyone fails the bind.
+EXCLUSIVE_PORTS = (('grpc.so_reuseport', 0), )
+
+
+def grpc_server(max_workers: int, **kwargs) -> grpc.Server:
+  """A gRPC server whose ports are its own (EXCLUSIVE_PORTS)."""
+  return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                     options=EXCLUSIVE_PORTS, **kwargs)
+
+
+class PortInUseError(RuntimeError):
+  """A port the job server was told to listen on is not free."""
+
+
+def _why_not_bound(host: str, port: int) -> str:
+  """What the OS says binding (host, port) would do: gRPC's own error
+  names no cause."""
+  try:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+  except OSError as exn:
+    return f'{host!r} does not resolve ({exn})'
+  for family, kind, proto, _, address in infos:
+    with socket.socket(family, kind, proto) as probe:
+      try:
+        probe.bind(address)
+      except OSError as exn:
+        if exn.errno == errno.EADDRINUSE:
+          return f'port {port} is in use (by another process)'
+        return f'{exn.strerror or exn}'
+  return 'gRPC could not bind it'
+
+
+def bind_port(server, host: str, port: int, flag: str = '') -> int:
+  """Opens ``port`` (0: a free one) of ``host`` on the gRPC ``server``;
+  raises PortInUseError naming the port and ``flag`` if it cannot.
 
   gRPC binds ``localhost:0`` as two addresses, [::1] and 127.0.0.1, with
   the port it found free on the first; when another process holds that
@@ -40,13 +79,20 @@ def bind_port(server, host: str, port: int) -> int:
   out staging artifacts so). For ``localhost`` the IPv4 address comes
   first, then [::1] on the same port where it is free (clients of
   ``localhost`` fall back to 127.0.0.1 where [::1] refuses)."""
-  if host != 'localhost':
-    return server.add_insecure_port(f'{host}:{port}')
-  bound = server.add_insecure_port(f'127.0.0.1:{port}')
+  first = '127.0.0.1' if host == 'localhost' else host
   try:
-    server.add_insecure_port(f'[::1]:{bound}')
-  except RuntimeError:  # held by another process, or no IPv6 here
-    pass
+    bound = server.add_insecure_port(f'{first}:{port}')
+  except RuntimeError as exn:
+    why = _why_not_bound(first, port)
+    raise PortInUseError(
+        f'Cannot listen on {host}:{port}{f" ({flag})" if flag else ""}: '
+        f'{why}. Stop what holds it, or give {flag or "the server"} another '
+        'port (0 picks a free one).') from exn
+  if host == 'localhost':
+    try:
+      server.add_insecure_port(f'[::1]:{bound}')
+    except RuntimeError:  # held by another process, or no IPv6 here
+      pass
   return bound
 
 
@@ -163,6 +209,17 @@ class JobServer:
     # Start-up deletes what no retained job references: a second server on
     # the same directory would delete the first's uploads in flight.
     self._lock_file = _lock_artifacts_dir(root)
+    try:
+      self._build(config, root, invoke)
+    except BaseException:
+      # A port in use, say: the directory is free again for another try.
+      if getattr(self, 'store', None) is not None:
+        self.store.close()
+      if self._lock_file is not None:
+        self._lock_file.close()
+      raise
+
+  def _build(self, config: JobServerConfig, root: str, invoke) -> None:
     from beam_pyspark.artifacts.memory import pin_mmap_threshold
     # Without it, staged chunks freed by the writers stay in malloc's arenas:
     # staging 200 MB left the server up to 100 MB bigger for good.
@@ -182,14 +239,13 @@ class JobServer:
         url_opener=open_url,
         url_allowed=self.staging.stages_url)
     host = config.job_host
-    self._artifact_server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16))
+    self._artifact_server = grpc_server(16)
     beam_artifact_api_pb2_grpc.add_ArtifactStagingServiceServicer_to_server(
         self.staging, self._artifact_server)
     beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
         self.retrieval, self._artifact_server)
     self.artifact_port = bind_port(
-        self._artifact_server, host, config.artifact_port)
+        self._artifact_server, host, config.artifact_port, '--artifact-port')
 
     self.store = JobStore(
         config.job_store or os.path.join(root, 'jobs.sqlite'))
@@ -213,26 +269,27 @@ class JobServer:
         environment_overrides=parse_overrides(config.environment_overrides),
         max_preparations=config.max_preparations,
         preparation_timeout_secs=config.preparation_timeout_secs)
-    self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    self._job_server = grpc_server(64)
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)
     self._stopped = threading.Event()
     self._job_server.add_generic_rpc_handlers((health_handler(
         lambda: not self.service.registry.closing, self._stopped),))
-    self.job_port = bind_port(self._job_server, host, config.job_port)
+    self.job_port = bind_port(self._job_server, host, config.job_port,
+                              '--job-port')
 
     self._expansion_server = None
     self.expansion_port = None
     if config.expansion_port is not None and config.expansion_port >= 0:
       from apache_beam.runners.portability.expansion_service import (
           ExpansionServiceServicer)
-      self._expansion_server = grpc.server(
-          futures.ThreadPoolExecutor(max_workers=4))
+      self._expansion_server = grpc_server(4)
       beam_expansion_api_pb2_grpc.add_ExpansionServiceServicer_to_server(
           ExpansionServiceServicer(expansion_options()),
           self._expansion_server)
       self.expansion_port = bind_port(
-          self._expansion_server, host, config.expansion_port)
+          self._expansion_server, host, config.expansion_port,
+          '--expansion-port')
     self._name_filter = None
 
   def start(self) -> None:
