@@ -104,6 +104,14 @@ def _job_server_parser(sub) -> None:
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
                  'over all staging streams, at most (default 32 MiB).')
+  p.add_argument('--artifact-url-allowlist', action='append', default=[],
+                 metavar='PREFIX[,PREFIX]',
+                 help='URL prefixes the server may fetch URL artifacts '
+                 '(beam:artifact:type:url:v1) from, e.g. '
+                 '"https://repo.example.com/jars,file:///opt/jars"; '
+                 '"SCHEME://" allows every URL of a scheme; repeatable. '
+                 'Default: none; a job naming another URL is refused at '
+                 'Prepare (the server would fetch it from its own network).')
   p.add_argument('--max-artifact-bytes', type=int, default=4 << 30,
                  help='One staged artifact\'s size, at most (default 4 GiB): '
                  'a larger one is refused at staging. Executors stream each '
@@ -126,8 +134,10 @@ def main(argv=None) -> int:
   from beam_pyspark.jobservice.server import JobServer
   from beam_pyspark.jobservice.server import JobServerConfig
   from beam_pyspark.jobservice.server import PortInUseError
+  from beam_pyspark.jobservice.server import UrlPolicy
   try:
     conf = parse_conf(args.spark_conf)
+    UrlPolicy(args.artifact_url_allowlist)  # its entries, checked
   except Exception as exn:  # pylint: disable=broad-except
     parser.error(str(exn))
   try:
@@ -152,7 +162,8 @@ def main(argv=None) -> int:
             status_cancel=args.status_cancel,
             status_allowed_hosts=list(args.status_allowed_host),
             environment_overrides=list(args.environment_override),
-            spark_warm_up=args.spark_warm_up))
+            spark_warm_up=args.spark_warm_up,
+            artifact_url_allowlist=list(args.artifact_url_allowlist)))
   except (ArtifactsDirInUseError, PortInUseError) as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1

@@ -330,3 +330,21 @@ def test_job_longer_than_job_server_timeout_ends_done(server):
   _ = p | beam.Create([1]) | beam.Map(slow)
   result = p.run()
   assert result.wait_until_finish() == 'DONE'
+
+
+def test_url_artifacts_are_refused_by_default(server):
+  """The job server would fetch them itself, from its network: a server-
+  side request forgery, unless its operator lists where they may come
+  from (test_artifact_lifecycle.py runs them where allowed)."""
+  from jobserver_process import pipeline_with_dependencies
+  from jobserver_process import url_dependency
+  urls = ['http://169.254.169.254/latest/meta-data/', 'file:///etc/passwd',
+          '/etc/shadow']
+  code, details = _code(lambda: server.stub.Prepare(
+      beam_job_api_pb2.PrepareJobRequest(
+          job_name='ssrf', pipeline=pipeline_with_dependencies(
+              [url_dependency(u) for u in urls]))))
+  assert code == grpc.StatusCode.PERMISSION_DENIED
+  for url in urls:
+    assert repr(url) in details, details
+  assert '--artifact-url-allowlist' in details

@@ -608,3 +608,45 @@ def test_progress_is_noted_only_when_not_the_default(api):
       quiet.preparation_id) if 'progress' in m.text]
   assert any('--progress=off is ignored' in m.text for m in
              service.registry.messages(asked.preparation_id))
+
+
+def test_anyof_members_run_with_their_staged_files(executor, tmp_path):
+  """An AnyOf environment's members' dependencies are rewritten to the
+  staged files too: left as the client gave them, the driver would open
+  the client's paths (or any path it names) on the job server's disk."""
+  from apache_beam.portability import common_urns
+  from apache_beam.runners.portability import artifact_service
+  from beam_pyspark.artifacts.staging import ArtifactStagingService
+  from jobserver_process import file_dependency
+  source = tmp_path / 'client.txt'
+  source.write_bytes(b'client bytes')
+  member = environments.EmbeddedPythonEnvironment(
+      capabilities=environments.python_sdk_capabilities(),
+      artifacts=[file_dependency(str(source), 'client.txt')])
+  p = beam.Pipeline()
+  _ = p | beam.Create([1]) | beam.Map(str)
+  pipeline = p.to_runner_api(
+      default_environment=environments.AnyOfEnvironment([member]))
+  staging = ArtifactStagingService(str(tmp_path / 'staged'))
+  service = JobService(executor, staging=staging,
+                       store=JobStore(str(tmp_path / 'jobs.sqlite')))
+  with _served(service) as stub:
+    prepared = stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+        pipeline=pipeline, job_name='anyof'))
+    artifact_service.offer_artifacts(
+        staging, artifact_service.ArtifactRetrievalService(
+            artifact_service.BeamFilesystemHandler(None).file_reader),
+        prepared.staging_session_token)
+    stub.Run(beam_job_api_pb2.RunJobRequest(
+        preparation_id=prepared.preparation_id))
+  ran = executor.executions[prepared.preparation_id].pipeline
+  paths = []
+  for env in ran.components.environments.values():
+    if env.urn == common_urns.environments.ANYOF.urn:
+      for sub in beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+          env.payload).environments:
+        paths.extend(beam_runner_api_pb2.ArtifactFilePayload.FromString(
+            d.type_payload).path for d in sub.dependencies)
+  assert paths and all(path.startswith(staging.root) for path in paths), paths
+  assert [open(path, 'rb').read() for path in paths] == [b'client bytes']
+  staging.close()

@@ -202,8 +202,9 @@ class ArtifactRetrievalService(
       abort(
           context,
           grpc.StatusCode.PERMISSION_DENIED,
-          f'URL artifact {url!r} is not a dependency of any staged job; '
-          'only those are fetched.')
+          f'URL artifact {url!r} is not a dependency of any staged job '
+          'that this server may fetch (its URL allowlist); only those are '
+          'fetched.')
     try:
       handle = self._url_opener(url)
     except Exception as exn:  # pylint: disable=broad-except

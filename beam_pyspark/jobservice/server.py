@@ -20,6 +20,7 @@ from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_ARTIFACT_BYTES
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
+from beam_pyspark.artifacts.urls import UrlPolicy
 from beam_pyspark.jobservice.health import health_handler
 from beam_pyspark.jobservice.recovery import StreamingRecovery
 from beam_pyspark.jobservice.jobs import DEFAULT_MAX_PREPARATIONS
@@ -127,6 +128,9 @@ class JobServerConfig:
   status_allowed_hosts: list = dataclasses.field(default_factory=list)
   # IMAGE_GLOB=SPEC for Docker environments (planning.environments).
   environment_overrides: list = dataclasses.field(default_factory=list)
+  # URL prefixes the server may fetch URL artifacts from
+  # (artifacts.urls.UrlPolicy); none by default.
+  artifact_url_allowlist: list = dataclasses.field(default_factory=list)
   # Start Spark at start, in the background (its SQL session and the
   # streaming source too), so that the first job does not wait for it.
   spark_warm_up: bool = True
@@ -227,17 +231,21 @@ class JobServer:
     from beam_pyspark.artifacts.retrieval import ArtifactRetrievalService
     from beam_pyspark.artifacts.retrieval import open_url
     from beam_pyspark.artifacts.staging import ArtifactStagingService
+    self.url_policy = UrlPolicy(config.artifact_url_allowlist)
     self.staging = ArtifactStagingService(
         os.path.join(root, 'staged'),
         max_buffered_bytes=config.max_staging_buffer_bytes,
         max_artifact_bytes=config.max_artifact_bytes,
-        manifest_dir=os.path.join(root, 'staged-jobs'))
+        manifest_dir=os.path.join(root, 'staged-jobs'),
+        url_policy=self.url_policy)
     # URL artifacts are fetched when workers ask, and only the URLs staged
-    # jobs depend on.
+    # jobs depend on, which the URL policy allowed (checked again here: a
+    # job staged by an earlier run under another allowlist).
     self.retrieval = ArtifactRetrievalService(
         os.path.join(root, 'staged'),
         url_opener=open_url,
-        url_allowed=self.staging.stages_url)
+        url_allowed=lambda url: (self.url_policy.allows(url) and
+                                 self.staging.stages_url(url)))
     host = config.job_host
     self._artifact_server = grpc_server(16)
     beam_artifact_api_pb2_grpc.add_ArtifactStagingServiceServicer_to_server(
@@ -268,7 +276,8 @@ class JobServer:
         recovery=self.checkpoints,
         environment_overrides=parse_overrides(config.environment_overrides),
         max_preparations=config.max_preparations,
-        preparation_timeout_secs=config.preparation_timeout_secs)
+        preparation_timeout_secs=config.preparation_timeout_secs,
+        url_policy=self.url_policy)
     self._job_server = grpc_server(64)
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)

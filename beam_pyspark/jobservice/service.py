@@ -24,6 +24,9 @@ from apache_beam.portability.api import endpoints_pb2
 from apache_beam.runners.job import utils as job_utils
 from google.protobuf import timestamp_pb2
 
+from beam_pyspark.artifacts.urls import UrlNotAllowedError
+from beam_pyspark.artifacts.urls import UrlPolicy
+from beam_pyspark.artifacts.urls import artifact_url
 from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
@@ -168,8 +171,11 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       recovery: Optional[StreamingRecovery] = None,
       environment_overrides: Sequence[EnvironmentOverride] = (),
       max_preparations: int = DEFAULT_MAX_PREPARATIONS,
-      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS):
+      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS,
+      url_policy: Optional[UrlPolicy] = None):
     self._staging = staging
+    # URL artifacts: none fetched unless allowed (urls.py).
+    self._url_policy = url_policy or UrlPolicy()
     self._environment_overrides = list(environment_overrides)
     self._staging_endpoint = staging_endpoint
     self._spark_master = spark_master
@@ -219,6 +225,7 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       check_supported(pipeline)
     except UnsupportedPipelineError as exn:
       raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
+    self._check_urls(pipeline)
     try:
       plan_pipeline(pipeline)  # a malformed pipeline fails here
     except Exception as exn:  # pylint: disable=broad-except
@@ -246,6 +253,23 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
         artifact_staging_endpoint=endpoints_pb2.ApiServiceDescriptor(
             url=self._staging_endpoint),
         staging_session_token=job.staging_token)
+
+  def _check_urls(self, pipeline: beam_runner_api_pb2.Pipeline) -> None:
+    """Refuses, all at once, the URL artifacts this server may not fetch:
+    it would fetch them itself, from its own network (urls.py)."""
+    refused = []
+    for key, artifacts in dependencies(pipeline).items():
+      env_id = key.split(':', 1)[1]
+      for artifact in artifacts:
+        try:
+          url = artifact_url(artifact)
+          if url is not None:
+            self._url_policy.check(
+                url, f'The URL artifact of environment {env_id!r}')
+        except UrlNotAllowedError as exn:
+          refused.append(str(exn))
+    if refused:
+      raise Refusal(grpc.StatusCode.PERMISSION_DENIED, '\n'.join(refused))
 
   @_unary
   def Run(self, request, context=None):
@@ -374,12 +398,24 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
 
 
 def _with_resolved_artifacts(pipeline, resolved):
-  """The pipeline with each environment's dependencies as staged files."""
+  """The pipeline with each environment's dependencies as staged files,
+  an AnyOf environment's members' too: a member's dependencies left as
+  the client gave them were paths the driver would open on its own disk."""
   pipeline = beam_runner_api_pb2.Pipeline.FromString(
       pipeline.SerializeToString())
   for env_id, env in pipeline.components.environments.items():
-    deps = resolved.get(f'0:{env_id}')
-    if deps is not None and env.urn != common_urns.environments.ANYOF.urn:
-      del env.dependencies[:]
-      env.dependencies.extend(deps)
+    if env.urn == common_urns.environments.ANYOF.urn:
+      payload = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+          env.payload)
+      for i, member in enumerate(payload.environments):
+        _replace_dependencies(member, resolved.get(f'{i}:{env_id}'))
+      env.payload = payload.SerializeToString()
+    else:
+      _replace_dependencies(env, resolved.get(f'0:{env_id}'))
   return pipeline
+
+
+def _replace_dependencies(env, deps) -> None:
+  if deps is not None:
+    del env.dependencies[:]
+    env.dependencies.extend(deps)
