@@ -57,6 +57,12 @@ def _job_server_parser(sub) -> None:
                  help='Prepared jobs not run yet, at most (default 64): '
                  'past it Prepare is refused (RESOURCE_EXHAUSTED); a '
                  'preparation is never dropped for another.')
+  p.add_argument('--max-preparations-per-client', type=int, default=None,
+                 help='Prepared jobs not run yet that one client (one host, '
+                 'as the server sees it: clients behind one proxy share it) '
+                 'may keep (default: half of --max-preparations): past it '
+                 'its Prepare is refused (RESOURCE_EXHAUSTED), so that one '
+                 'client cannot take every slot.')
   p.add_argument('--preparation-timeout-secs', type=float, default=1800.0,
                  help='A preparation not run within this long ends FAILED '
                  '(default 1800 s).')
@@ -153,6 +159,7 @@ def main(argv=None) -> int:
             spark_conf=conf,
             max_invocation_history=args.max_invocation_history,
             max_preparations=args.max_preparations,
+            max_preparations_per_client=args.max_preparations_per_client,
             preparation_timeout_secs=args.preparation_timeout_secs,
             job_store=args.job_store,
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,

@@ -513,7 +513,8 @@ def test_preparations_are_bounded_apart_from_the_history(api, executor):
 
 def test_past_the_preparation_bound_prepare_is_refused(executor):
   service = JobService(executor, max_preparations=2, max_invocation_history=1,
-                       preparation_timeout_secs=600)
+                       preparation_timeout_secs=600,
+                       max_preparations_per_client=2)
   with _served(service) as stub:
     kept = [_prepare(stub).preparation_id for _ in range(2)]
     with pytest.raises(grpc.RpcError) as info:
@@ -650,3 +651,19 @@ def test_anyof_members_run_with_their_staged_files(executor, tmp_path):
   assert paths and all(path.startswith(staging.root) for path in paths), paths
   assert [open(path, 'rb').read() for path in paths] == [b'client bytes']
   staging.close()
+
+
+def test_a_client_is_its_peer_host():
+  from beam_pyspark.jobservice.service import peer_host
+
+  class Context:
+    def __init__(self, peer):
+      self._peer = peer
+
+    def peer(self):
+      return self._peer
+
+  assert [peer_host(Context(p)) for p in (
+      'ipv4:10.0.0.5:41234', 'ipv6:[::1]:5000', 'ipv6:%5B::1%5D:5000',
+      'unix:/tmp/socket')] == ['10.0.0.5', '::1', '::1', 'unix']
+  assert peer_host(None) == ''

@@ -112,6 +112,7 @@ class JobServerConfig:
   # expire after their timeout only.
   max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY
   max_preparations: int = DEFAULT_MAX_PREPARATIONS
+  max_preparations_per_client: Optional[int] = None
   preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS
   job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
   max_staging_buffer_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
@@ -276,6 +277,7 @@ class JobServer:
         recovery=self.checkpoints,
         environment_overrides=parse_overrides(config.environment_overrides),
         max_preparations=config.max_preparations,
+        max_preparations_per_client=config.max_preparations_per_client,
         preparation_timeout_secs=config.preparation_timeout_secs,
         url_policy=self.url_policy)
     self._job_server = grpc_server(64)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import urllib.parse
 from typing import Optional
 from typing import Sequence
 
@@ -141,6 +142,20 @@ def _state_event(event: StateEvent) -> beam_job_api_pb2.JobStateEvent:
       state=event.state, timestamp=_timestamp(event.timestamp))
 
 
+def peer_host(context) -> str:
+  """The host of the client calling, as gRPC names the peer
+  ('ipv4:10.0.0.5:41234', 'ipv6:[::1]:41234', URL-quoted in newer gRPC):
+  its address without the port; '' with no context (in-process)."""
+  if context is None:
+    return ''
+  peer = urllib.parse.unquote(context.peer() or '')
+  kind, _, address = peer.partition(':')
+  if kind in ('ipv4', 'ipv6'):
+    host = address.rpartition(':')[0] if ':' in address else address
+    return host.strip('[]')
+  return kind or peer  # 'unix', 'unknown': one client each
+
+
 def _active(context):
   return (lambda: True) if context is None else context.is_active
 
@@ -172,7 +187,8 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       environment_overrides: Sequence[EnvironmentOverride] = (),
       max_preparations: int = DEFAULT_MAX_PREPARATIONS,
       preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS,
-      url_policy: Optional[UrlPolicy] = None):
+      url_policy: Optional[UrlPolicy] = None,
+      max_preparations_per_client: Optional[int] = None):
     self._staging = staging
     # URL artifacts: none fetched unless allowed (urls.py).
     self._url_policy = url_policy or UrlPolicy()
@@ -183,6 +199,7 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
         invoke, store=store, max_invocation_history=max_invocation_history,
         on_evict=staging.remove_job if staging is not None else None,
         recovery=recovery, max_preparations=max_preparations,
+        max_preparations_per_client=max_preparations_per_client,
         preparation_timeout_secs=preparation_timeout_secs)
 
   def resume_interrupted(self) -> list[str]:
@@ -240,7 +257,8 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
           f'The pipeline options of job {job_name[:80]!r} take {size} bytes; '
           f'at most {MAX_OPTIONS_BYTES} are accepted.')
     try:
-      job = self.registry.prepare(job_name, pipeline, options)
+      job = self.registry.prepare(job_name, pipeline, options,
+                                  client=peer_host(context))
     except ValueError as exn:
       raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
     for note in overridden + ignored_by_job_server(options,
