@@ -667,3 +667,17 @@ def test_a_client_is_its_peer_host():
       'ipv4:10.0.0.5:41234', 'ipv6:[::1]:5000', 'ipv6:%5B::1%5D:5000',
       'unix:/tmp/socket')] == ['10.0.0.5', '::1', '::1', 'unix']
   assert peer_host(None) == ''
+
+
+def test_long_message_texts_are_cut_saying_so(api, executor):
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  executor.executions[job_id].say('é' * 100_000)  # 200,000 bytes
+  executor.executions[job_id].emit(JobState.FAILED)
+  texts = [r.message_response.message_text for r in stub.GetMessageStream(
+      beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=10)
+           if r.HasField('message_response')]
+  (text, ) = [t for t in texts if t.startswith('é')]
+  assert len(text.encode('utf-8')) <= 16384
+  assert text.endswith('[... 200000 bytes in all; the rest was cut]')

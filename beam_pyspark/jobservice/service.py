@@ -25,6 +25,7 @@ from apache_beam.portability.api import endpoints_pb2
 from apache_beam.runners.job import utils as job_utils
 from google.protobuf import timestamp_pb2
 
+from beam_pyspark.artifacts.retrieval import bounded
 from beam_pyspark.artifacts.urls import UrlNotAllowedError
 from beam_pyspark.artifacts.urls import UrlPolicy
 from beam_pyspark.artifacts.urls import artifact_url
@@ -69,6 +70,10 @@ _OPTION_TYPES = {
 # A job's pipeline options, as sent at Prepare, at most (Beam's clients send
 # a few KB).
 MAX_OPTIONS_BYTES = 1 << 20
+# One message's text on the message stream, at most (a traceback of
+# thousands of lines is cut, saying so): every message of a job's history
+# is sent again to each new stream.
+MAX_MESSAGE_TEXT_BYTES = 16384
 # What GetJobs spends on options, over all jobs: the rest of gRPC's default
 # 4 MB limit is ample for ids, names and states.
 GET_JOBS_OPTIONS_BYTES = 2 << 20
@@ -110,11 +115,11 @@ def _unary(method):
       if context is None:
         raise refusal or exn
       if refusal is not None:
-        context.abort(refusal.code, refusal.message)
+        context.abort(refusal.code, bounded(refusal.message))
       _LOGGER.exception('%s failed', method.__name__)
       context.abort(
           grpc.StatusCode.INTERNAL,
-          f'{method.__name__} failed: {type(exn).__name__}: {exn}')
+          bounded(f'{method.__name__} failed: {type(exn).__name__}: {exn}'))
   return wrapper
 
 
@@ -125,9 +130,15 @@ def _streaming(method):
       yield from method(self, request, context)
     except Exception as exn:  # pylint: disable=broad-except
       refusal = _refusal(exn)
-      if refusal is None or context is None:
+      if context is None:
         raise refusal or exn
-      context.abort(refusal.code, refusal.message)
+      if refusal is not None:
+        context.abort(refusal.code, bounded(refusal.message))
+      # Not left to gRPC: its UNKNOWN status would carry str(exn) uncut.
+      _LOGGER.exception('%s failed', method.__name__)
+      context.abort(
+          grpc.StatusCode.INTERNAL,
+          bounded(f'{method.__name__} failed: {type(exn).__name__}: {exn}'))
   return wrapper
 
 
@@ -358,7 +369,7 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
                 message_id=f'{request.job_id}-{number}',
                 time=str(int(event.timestamp * 1000)),
                 importance=event.importance,
-                message_text=event.text))
+                message_text=bounded(event.text, MAX_MESSAGE_TEXT_BYTES)))
       else:
         yield beam_job_api_pb2.JobMessagesResponse(
             state_response=_state_event(event))

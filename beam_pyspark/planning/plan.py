@@ -25,6 +25,7 @@ from apache_beam.utils import proto_utils
 
 from beam_pyspark.planning import lifting
 from beam_pyspark.planning import reads
+from beam_pyspark.planning.normalize import normalized
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import closes_windows_at_end
 from beam_pyspark.planning.sdks import grouping_coders
@@ -213,49 +214,12 @@ def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False,
   ``drain`` expands splittable DoFns with their truncate step, as Beam does
   for a draining job; ``streaming`` chooses a streaming job's phases.
   """
-  pipeline_proto = copy.deepcopy(pipeline_proto)
-  _expand_recoding_reshuffles(pipeline_proto)
+  pipeline_proto = normalized(pipeline_proto)
   return tr.create_and_optimize_stages(
       pipeline_proto,
       phases=lifting.streaming_phases(PHASES) if streaming else PHASES,
       known_runner_urns=KNOWN_RUNNER_URNS,
       is_drain=drain)
-
-
-def _coder_key(components, coder_id: str, depth: int = 0):
-  """A coder's structure (URN, payload, components), whatever its id."""
-  coder = components.coders[coder_id]
-  if depth > 50:
-    raise ValueError(f'coder {coder_id!r} nests too deep')
-  return (coder.spec.urn, coder.spec.payload, tuple(
-      _coder_key(components, c, depth + 1) for c in coder.component_coder_ids))
-
-
-def _expand_recoding_reshuffles(pipeline: beam_runner_api_pb2.Pipeline) -> None:
-  """Runs as composites the Reshuffles whose output coder is not their
-  input's.
-
-  The runner moves a Reshuffle's elements as it sees them, in their
-  runner-safe form, where an element type the SDK encodes (a NamedTuple
-  key, with a deterministic pickling coder) is opaque bytes: the bytes of
-  the input coder would reach a consumer decoding with another coder
-  ("Unknown type tag" when a NamedTuple key went through Reshuffle). Such a
-  Reshuffle runs its own expansion in the SDK (as Beam's runners do), which
-  re-encodes; the others stay the runner's repartition.
-  """
-  components = pipeline.components
-  urn = common_urns.composites.RESHUFFLE.urn
-  for transform in components.transforms.values():
-    if (transform.spec.urn != urn or not transform.subtransforms or
-        len(transform.inputs) != 1 or len(transform.outputs) != 1):
-      continue
-    (pin,) = transform.inputs.values()
-    (pout,) = transform.outputs.values()
-    coder_in = components.pcollections[pin].coder_id
-    coder_out = components.pcollections[pout].coder_id
-    if coder_in != coder_out and (_coder_key(components, coder_in) !=
-                                  _coder_key(components, coder_out)):
-      transform.spec.Clear()
 
 
 def plan_pipeline(
