@@ -57,6 +57,12 @@ def _job_server_parser(sub) -> None:
                  help='Prepared jobs not run yet, at most (default 64): '
                  'past it Prepare is refused (RESOURCE_EXHAUSTED); a '
                  'preparation is never dropped for another.')
+  p.add_argument('--max-preparations-per-client', type=int, default=None,
+                 help='Prepared jobs not run yet that one client (one host, '
+                 'as the server sees it: clients behind one proxy share it) '
+                 'may keep (default: half of --max-preparations): past it '
+                 'its Prepare is refused (RESOURCE_EXHAUSTED), so that one '
+                 'client cannot take every slot.')
   p.add_argument('--preparation-timeout-secs', type=float, default=1800.0,
                  help='A preparation not run within this long ends FAILED '
                  '(default 1800 s).')
@@ -111,6 +117,14 @@ def _job_server_parser(sub) -> None:
                  default=32 * 1024 * 1024,
                  help='Bytes of artifact chunks received but not yet written, '
                  'over all staging streams, at most (default 32 MiB).')
+  p.add_argument('--artifact-url-allowlist', action='append', default=[],
+                 metavar='PREFIX[,PREFIX]',
+                 help='URL prefixes the server may fetch URL artifacts '
+                 '(beam:artifact:type:url:v1) from, e.g. '
+                 '"https://repo.example.com/jars,file:///opt/jars"; '
+                 '"SCHEME://" allows every URL of a scheme; repeatable. '
+                 'Default: none; a job naming another URL is refused at '
+                 'Prepare (the server would fetch it from its own network).')
   p.add_argument('--max-artifact-bytes', type=int, default=4 << 30,
                  help='One staged artifact\'s size, at most (default 4 GiB): '
                  'a larger one is refused at staging. Executors stream each '
@@ -132,8 +146,11 @@ def main(argv=None) -> int:
   from beam_pyspark.jobservice.server import ArtifactsDirInUseError
   from beam_pyspark.jobservice.server import JobServer
   from beam_pyspark.jobservice.server import JobServerConfig
+  from beam_pyspark.jobservice.server import PortInUseError
+  from beam_pyspark.jobservice.server import UrlPolicy
   try:
     conf = parse_conf(args.spark_conf)
+    UrlPolicy(args.artifact_url_allowlist)  # its entries, checked
   except Exception as exn:  # pylint: disable=broad-except
     parser.error(str(exn))
   try:
@@ -149,6 +166,7 @@ def main(argv=None) -> int:
             spark_conf=conf,
             max_invocation_history=args.max_invocation_history,
             max_preparations=args.max_preparations,
+            max_preparations_per_client=args.max_preparations_per_client,
             preparation_timeout_secs=args.preparation_timeout_secs,
             job_store=args.job_store,
             max_staging_buffer_bytes=args.max_staging_buffer_bytes,
@@ -159,8 +177,9 @@ def main(argv=None) -> int:
             status_allowed_hosts=list(args.status_allowed_host),
             environment_overrides=list(args.environment_override),
             spark_warm_up=args.spark_warm_up,
-            split_stragglers_after_secs=args.split_stragglers_after_secs))
-  except ArtifactsDirInUseError as exn:
+            split_stragglers_after_secs=args.split_stragglers_after_secs,
+            artifact_url_allowlist=list(args.artifact_url_allowlist)))
+  except (ArtifactsDirInUseError, PortInUseError) as exn:
     print(f'beam-pyspark job-server: {exn}', file=sys.stderr, flush=True)
     return 1
   server.start()

@@ -219,6 +219,17 @@ def test_restart_keeps_retained_jobs_files_and_deletes_the_rest(tmp_path):
 # -- URL artifacts ------------------------------------------------------------
 
 
+class _ResolvesTo(beam_artifacts.ArtifactRetrievalService):
+  """A staging client that resolves every artifact to ``artifact``."""
+  def __init__(self, artifact):
+    super().__init__(beam_artifacts.BeamFilesystemHandler(None).file_reader)
+    self._artifact = artifact
+
+  def ResolveArtifacts(self, request, context=None):
+    return beam_artifact_api_pb2.ResolveArtifactsResponse(
+        replacements=[self._artifact for _ in request.artifacts])
+
+
 @pytest.fixture(scope='module')
 def web(tmp_path_factory):
   """A local HTTP server over a directory of files."""
@@ -259,7 +270,12 @@ def test_url_artifacts_are_served_to_workers(tmp_path, web):
       'refused': url_dependency(refused_url),
       'tampered': url_dependency(tampered_url, sha256(b'something else')),
   }
-  server = JobServerProcess(tmp_path / 'server')
+  # Allowed: the web server, the client's directory, and the port where
+  # nothing listens (its error is tested).
+  server = JobServerProcess(
+      tmp_path / 'server', '--artifact-url-allowlist',
+      f'{base}/,{tmp_path.as_uri()}', '--artifact-url-allowlist',
+      'http://127.0.0.1:1')
   try:
     prepared = prepare(
         server, 'urls', [a for a, _ in good.values()] + list(bad.values()))
@@ -295,6 +311,26 @@ def test_url_artifacts_are_served_to_workers(tmp_path, web):
                 pathlib.Path('/etc/hostname').as_uri()):
       code, details = error(url_dependency(url))
       assert code == grpc.StatusCode.PERMISSION_DENIED and url in details
+
+    # Nor is one outside the allowlist, at Prepare (every one named)...
+    outside = ['http://169.254.169.254/latest/meta-data/',
+               f'{base}.evil.example/remote.whl', 'file:///etc/passwd',
+               f'{tmp_path.as_uri()}/../../etc/passwd']
+    with pytest.raises(grpc.RpcError) as info:
+      prepare(server, 'outside', [url_dependency(u) for u in outside])
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    for url in outside:
+      assert url in info.value.details()
+    assert '--artifact-url-allowlist' in info.value.details()
+    # ... or at staging, where a client resolves a file to such a URL.
+    listed = prepare(server, 'resolved', [file_dependency(local_path, 'x')])
+    with pytest.raises(grpc.RpcError) as info:
+      beam_artifacts.offer_artifacts(
+          server.staging_stub, _ResolvesTo(url_dependency(outside[0])),
+          listed.staging_session_token)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert outside[0] in info.value.details()
+    assert '--artifact-url-allowlist' in info.value.details()
 
   finally:
     server.stop()

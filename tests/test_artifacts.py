@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import re
 import threading
 import time
 from concurrent import futures
@@ -874,3 +875,32 @@ def test_url_artifacts_need_an_explicit_allow_rule(tmp_path, servers):
     server.read(url_artifact('https://example.com/x.whl'))
   assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
   assert URL in info.value.details()
+
+
+def test_url_policy_allows_only_its_prefixes(tmp_path):
+  from beam_pyspark.artifacts.urls import UrlNotAllowedError
+  from beam_pyspark.artifacts.urls import UrlPolicy
+  jars = tmp_path / 'jars'
+  jars.mkdir()
+  (tmp_path / 'secret').write_text('x')
+  os.symlink(tmp_path / 'secret', jars / 'link.jar')
+  policy = UrlPolicy([f'https://repo.example.com/jars,{jars.as_uri()}',
+                      'gs://'])
+  allowed = ['https://repo.example.com/jars/a.jar',
+             'https://REPO.example.com:443/jars/sub/b.jar',
+             f'{jars.as_uri()}/a.jar', str(jars / 'a.jar'), 'gs://any/x']
+  refused = ['https://repo.example.com/jars2/a.jar',
+             'https://repo.example.com/jars/../admin',
+             'https://repo.example.com/jars/%2e%2e/admin',
+             'http://repo.example.com/jars/a.jar',
+             'https://repo.example.com:8443/jars/a.jar',
+             'https://repo.example.com@evil.example/jars/a.jar',
+             f'{jars.as_uri()}/../secret', str(jars / 'link.jar'),
+             'file://otherhost/etc/passwd', 's3://bucket/x']
+  assert [u for u in allowed if not policy.allows(u)] == []
+  assert [u for u in refused if policy.allows(u)] == []
+  with pytest.raises(UrlNotAllowedError, match='--artifact-url-allowlist'):
+    UrlPolicy().check('https://repo.example.com/jars/a.jar')
+  for bad in ('repo.example.com', 'https:nohost'):
+    with pytest.raises(ValueError, match=re.escape(bad)):
+      UrlPolicy([bad])

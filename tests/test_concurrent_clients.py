@@ -109,3 +109,40 @@ def test_twenty_concurrent_wordcounts_three_rounds_all_correct(
   assert len(jobs) == 10
   assert {j.state for j in jobs} == {beam_job_api_pb2.JobState.DONE}
   assert 'NOT_FOUND' not in server.log()
+
+
+def test_one_client_filling_its_share_leaves_room_for_others(tmp_path):
+  """Preparations are bounded per client host (half of --max-preparations
+  by default): one client preparing without end used to take every slot
+  and lock the others out until its preparations expired (30 min). The
+  two clients here are two hosts to the server: 127.0.0.1 and [::1]."""
+  import grpc
+  from apache_beam.portability.api import beam_job_api_pb2_grpc
+  from test_registry import _pipeline
+  server = JobServerProcess(tmp_path / 'server', '--max-preparations', '6')
+  port = server.job_endpoint.rsplit(':', 1)[1]
+  channels = [grpc.insecure_channel(f'127.0.0.1:{port}'),
+              grpc.insecure_channel(f'[::1]:{port}')]
+  try:
+    greedy, other = (beam_job_api_pb2_grpc.JobServiceStub(c)
+                     for c in channels)
+
+    def prepare(stub, name):
+      return stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+          pipeline=_pipeline(), job_name=name), timeout=60).preparation_id
+
+    hoard = [prepare(greedy, f'hoard-{i}') for i in range(3)]
+    with pytest.raises(grpc.RpcError) as info:
+      prepare(greedy, 'one-too-many')
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert '127.0.0.1' in info.value.details()
+    assert '--max-preparations-per-client 3' in info.value.details()
+    # The other client's share is whole.
+    assert len({prepare(other, f'other-{i}') for i in range(3)}) == 3
+    # A preparation cancelled frees its client's slot.
+    greedy.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=hoard[0]))
+    assert prepare(greedy, 'again')
+  finally:
+    for channel in channels:
+      channel.close()
+    server.stop()

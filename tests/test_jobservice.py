@@ -311,3 +311,108 @@ def test_process_harness_logs_reach_the_message_stream(server):
              m.message_text.startswith('[ERROR] ') for m in hits)
   assert not [m for m in messages
               if m.importance == Importance.JOB_MESSAGE_ERROR]
+
+
+def test_job_longer_than_job_server_timeout_ends_done(server):
+  """Beam's client opens its state and message streams on the preparation
+  id with ``timeout=job_server_timeout``, and on the job id without one
+  only if the server refuses the preparation id: ours must, or the client's
+  deadline ends every job that runs longer (DEADLINE_EXCEEDED)."""
+  import apache_beam as beam
+
+  def slow(x):
+    import time as t
+    t.sleep(12)
+    return x
+
+  p = beam.Pipeline(options=_portable_options(
+      server, '--job_server_timeout=5'))
+  _ = p | beam.Create([1]) | beam.Map(slow)
+  result = p.run()
+  assert result.wait_until_finish() == 'DONE'
+
+
+def test_url_artifacts_are_refused_by_default(server):
+  """The job server would fetch them itself, from its network: a server-
+  side request forgery, unless its operator lists where they may come
+  from (test_artifact_lifecycle.py runs them where allowed)."""
+  from jobserver_process import pipeline_with_dependencies
+  from jobserver_process import url_dependency
+  urls = ['http://169.254.169.254/latest/meta-data/', 'file:///etc/passwd',
+          '/etc/shadow']
+  code, details = _code(lambda: server.stub.Prepare(
+      beam_job_api_pb2.PrepareJobRequest(
+          job_name='ssrf', pipeline=pipeline_with_dependencies(
+              [url_dependency(u) for u in urls]))))
+  assert code == grpc.StatusCode.PERMISSION_DENIED
+  for url in urls:
+    assert repr(url) in details, details
+  assert '--artifact-url-allowlist' in details
+
+
+def _raw_pipeline(build):
+  """A pipeline proto built by ``build(p)``, its transforms' environment
+  the embedded one."""
+  import apache_beam as beam
+  from apache_beam.transforms import environments
+  p = beam.Pipeline()
+  build(p)
+  return p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment.default())
+
+
+def _run_raw(stub, pipeline, name):
+  job_id = stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+      pipeline=pipeline, job_name=name), timeout=120).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id), timeout=120)
+  states = [e.state for e in stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=600)]
+  return job_id, states[-1]
+
+
+def test_150_pardos_each_in_its_own_identical_environment(server, tmp_path):
+  """Beam's Python SDK merges identical environments, other SDKs and
+  expansion services may not: 150 ParDos, each in its own copy of one
+  environment, were 150 stages that Spark chained into one task function
+  its pickler refused ("excessively deep recursion required")."""
+  import apache_beam as beam
+  out = str(tmp_path / 'out')
+
+  def build(p):
+    pc = p | beam.Create([1, 2, 3])
+    for i in range(150):
+      pc = pc | f'add{i}' >> beam.Map(lambda x: x + 1)
+    _ = pc | beam.Map(str) | beam.io.WriteToText(out)
+
+  pipeline = _raw_pipeline(build)
+  envs = pipeline.components.environments
+  (base, ) = set(t.environment_id for t in
+                 pipeline.components.transforms.values() if t.environment_id)
+  for transform_id, transform in pipeline.components.transforms.items():
+    if transform.environment_id:
+      envs[f'own-{transform_id}'].CopyFrom(envs[base])
+      transform.environment_id = f'own-{transform_id}'
+  assert len(envs) > 150
+  job_id, state = _run_raw(server.stub, pipeline, 'many-envs')
+  assert state == beam_job_api_pb2.JobState.DONE, [
+      m.message_text for m in _messages(server.stub, job_id)][-5:]
+  assert _read(out) == ['151', '152', '153']
+
+
+def test_a_refusal_naming_20000_environments_is_cut_to_size(server):
+  """Its details travel in gRPC trailers: 7 MB of them, and the client saw
+  only that its metadata limit was exceeded, not why."""
+  import apache_beam as beam
+  pipeline = _raw_pipeline(
+      lambda p: p | beam.Create([1]) | beam.Map(str))
+  for i in range(20000):
+    pipeline.components.environments[f'unused-{i}'].urn = (
+        'beam:env:docker:v1')
+  code, details = _code(lambda: server.stub.Prepare(
+      beam_job_api_pb2.PrepareJobRequest(pipeline=pipeline, job_name='big'),
+      timeout=120))
+  assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+  assert details.startswith('This pipeline cannot run on beam-pyspark')
+  assert 'docker' in details
+  assert len(details.encode('utf-8')) <= 4096
+  assert details.endswith('the rest was cut]')

@@ -173,6 +173,36 @@ def test_state_stream_follows_a_live_job_until_it_ends(api, executor):
                   JobState.FAILED]
 
 
+def test_streams_on_a_preparation_open_only_once_it_runs(api, executor):
+  """As Beam's Java job service: Beam's Python client then opens them on
+  Run's job id, without its job_server_timeout deadline."""
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  for open_stream in (
+      lambda: stub.GetStateStream(
+          beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10),
+      lambda: stub.GetMessageStream(
+          beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=10)):
+    with pytest.raises(grpc.RpcError) as info:
+      next(open_stream())
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert job_id in info.value.details()
+    assert 'not running' in info.value.details()
+  assert _state(stub, job_id) == JobState.STOPPED
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  executor.executions[job_id].emit(JobState.DONE)
+  assert [e.state for e in stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10)] == [
+          JobState.STOPPED, JobState.STARTING, JobState.RUNNING,
+          JobState.DONE]
+  # A cancelled preparation's stream ends at once with its states.
+  other = _prepare(stub).preparation_id
+  stub.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=other))
+  assert [e.state for e in stub.GetStateStream(
+      beam_job_api_pb2.GetJobStateRequest(job_id=other), timeout=10)] == [
+          JobState.STOPPED, JobState.CANCELLED]
+
+
 def test_unknown_ids_are_not_found(api):
   stub, _ = api
   for call, request in [
@@ -483,7 +513,8 @@ def test_preparations_are_bounded_apart_from_the_history(api, executor):
 
 def test_past_the_preparation_bound_prepare_is_refused(executor):
   service = JobService(executor, max_preparations=2, max_invocation_history=1,
-                       preparation_timeout_secs=600)
+                       preparation_timeout_secs=600,
+                       max_preparations_per_client=2)
   with _served(service) as stub:
     kept = [_prepare(stub).preparation_id for _ in range(2)]
     with pytest.raises(grpc.RpcError) as info:
@@ -578,3 +609,75 @@ def test_progress_is_noted_only_when_not_the_default(api):
       quiet.preparation_id) if 'progress' in m.text]
   assert any('--progress=off is ignored' in m.text for m in
              service.registry.messages(asked.preparation_id))
+
+
+def test_anyof_members_run_with_their_staged_files(executor, tmp_path):
+  """An AnyOf environment's members' dependencies are rewritten to the
+  staged files too: left as the client gave them, the driver would open
+  the client's paths (or any path it names) on the job server's disk."""
+  from apache_beam.portability import common_urns
+  from apache_beam.runners.portability import artifact_service
+  from beam_pyspark.artifacts.staging import ArtifactStagingService
+  from jobserver_process import file_dependency
+  source = tmp_path / 'client.txt'
+  source.write_bytes(b'client bytes')
+  member = environments.EmbeddedPythonEnvironment(
+      capabilities=environments.python_sdk_capabilities(),
+      artifacts=[file_dependency(str(source), 'client.txt')])
+  p = beam.Pipeline()
+  _ = p | beam.Create([1]) | beam.Map(str)
+  pipeline = p.to_runner_api(
+      default_environment=environments.AnyOfEnvironment([member]))
+  staging = ArtifactStagingService(str(tmp_path / 'staged'))
+  service = JobService(executor, staging=staging,
+                       store=JobStore(str(tmp_path / 'jobs.sqlite')))
+  with _served(service) as stub:
+    prepared = stub.Prepare(beam_job_api_pb2.PrepareJobRequest(
+        pipeline=pipeline, job_name='anyof'))
+    artifact_service.offer_artifacts(
+        staging, artifact_service.ArtifactRetrievalService(
+            artifact_service.BeamFilesystemHandler(None).file_reader),
+        prepared.staging_session_token)
+    stub.Run(beam_job_api_pb2.RunJobRequest(
+        preparation_id=prepared.preparation_id))
+  ran = executor.executions[prepared.preparation_id].pipeline
+  paths = []
+  for env in ran.components.environments.values():
+    if env.urn == common_urns.environments.ANYOF.urn:
+      for sub in beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+          env.payload).environments:
+        paths.extend(beam_runner_api_pb2.ArtifactFilePayload.FromString(
+            d.type_payload).path for d in sub.dependencies)
+  assert paths and all(path.startswith(staging.root) for path in paths), paths
+  assert [open(path, 'rb').read() for path in paths] == [b'client bytes']
+  staging.close()
+
+
+def test_a_client_is_its_peer_host():
+  from beam_pyspark.jobservice.service import peer_host
+
+  class Context:
+    def __init__(self, peer):
+      self._peer = peer
+
+    def peer(self):
+      return self._peer
+
+  assert [peer_host(Context(p)) for p in (
+      'ipv4:10.0.0.5:41234', 'ipv6:[::1]:5000', 'ipv6:%5B::1%5D:5000',
+      'unix:/tmp/socket')] == ['10.0.0.5', '::1', '::1', 'unix']
+  assert peer_host(None) == ''
+
+
+def test_long_message_texts_are_cut_saying_so(api, executor):
+  stub, _ = api
+  job_id = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+  executor.executions[job_id].say('é' * 100_000)  # 200,000 bytes
+  executor.executions[job_id].emit(JobState.FAILED)
+  texts = [r.message_response.message_text for r in stub.GetMessageStream(
+      beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=10)
+           if r.HasField('message_response')]
+  (text, ) = [t for t in texts if t.startswith('é')]
+  assert len(text.encode('utf-8')) <= 16384
+  assert text.endswith('[... 200000 bytes in all; the rest was cut]')

@@ -142,3 +142,34 @@ def test_prepare_is_unavailable_while_stopping():
         pipeline=_pipeline(), job_name='late'))
   assert info.value.code == grpc.StatusCode.UNAVAILABLE
   assert 'stopping' in info.value.message
+
+
+def test_a_second_server_on_a_held_port_exits_naming_it(tmp_path):
+  """gRPC's default SO_REUSEPORT let two job servers bind one port, each
+  then getting some of its clients; ours are exclusive, and a port held
+  fails the start, naming it and its flag."""
+  import subprocess
+  import sys
+  first = JobServerProcess(tmp_path / 'first')
+  try:
+    ports = {flag: int(first.endpoints[name].rsplit(':', 1)[1])
+             for flag, name in (('--job-port', 'job'),
+                                ('--artifact-port', 'artifact'),
+                                ('--expansion-port', 'expansion'))}
+    for flag, port in ports.items():
+      args = {'--job-port': '0', '--artifact-port': '0',
+              '--expansion-port': '0', flag: str(port)}
+      second = subprocess.run(
+          [sys.executable, '-m', 'beam_pyspark.cli', 'job-server',
+           *[x for kv in args.items() for x in kv], '--status-port', '-1',
+           '--no-spark-warm-up',
+           '--artifacts-dir', str(tmp_path / f'second{flag}')],
+          capture_output=True, text=True, timeout=120, check=False)
+      assert second.returncode != 0, (flag, second.stdout, second.stderr)
+      assert f'port {port} is in use' in second.stderr, second.stderr
+      assert flag in second.stderr, second.stderr
+      assert 'listening' not in second.stdout
+    # The first still serves, alone on its ports.
+    first.job_stub.GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=30)
+  finally:
+    first.stop()

@@ -59,9 +59,13 @@ class DriverArtifactServer(
   def __init__(self, bind_host: str, advertised_host: str, port: int = 0):
     self._lock = threading.Lock()
     self._files: dict[str, frozenset[str]] = {}  # token -> real paths
+    # SO_REUSEPORT off (gRPC sets it by default): a fixed
+    # spark.beam.artifactServer.port held by another driver must fail the
+    # bind, not be shared with it.
     self._server = grpc.server(
         futures.ThreadPoolExecutor(
-            WORKERS, thread_name_prefix='beam-pyspark-artifacts'))
+            WORKERS, thread_name_prefix='beam-pyspark-artifacts'),
+        options=(('grpc.so_reuseport', 0), ))
     beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
         self, self._server)
     bound = _add_port(self._server, bind_host, port)

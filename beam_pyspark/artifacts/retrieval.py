@@ -89,6 +89,24 @@ def _url_error_code(exn: BaseException) -> grpc.StatusCode:
   return grpc.StatusCode.UNAVAILABLE
 
 
+# A status's details travel in gRPC trailers, which a client refuses past
+# its metadata limit (8 KiB by default, every header counted): an error
+# naming 20,000 environments was 7 MB, and the client saw only that its
+# trailers were too big. Texts past this are cut, saying how much.
+MAX_DETAILS_BYTES = 4096
+
+
+def bounded(text: str, limit: int = MAX_DETAILS_BYTES) -> str:
+  """``text`` in at most ``limit`` UTF-8 bytes: its start, and how many
+  bytes were cut."""
+  data = text.encode('utf-8', 'replace')
+  if len(data) <= limit:
+    return text
+  note = f' [... {len(data)} bytes in all; the rest was cut]'
+  head = data[:max(0, limit - len(note.encode('utf-8')))]
+  return head.decode('utf-8', 'ignore') + note
+
+
 class ArtifactServiceError(BeamPySparkError):
   """A refused artifact call, when a service is used without gRPC."""
   def __init__(self, code: grpc.StatusCode, message: str):
@@ -104,6 +122,7 @@ def abort(
   Beam calls these servicers in-process too, without a context (as its own
   offer_artifacts and resolve_artifacts allow); the error is then raised.
   """
+  message = bounded(message)
   if context is None:
     raise ArtifactServiceError(code, message)
   context.abort(code, message)
@@ -202,8 +221,9 @@ class ArtifactRetrievalService(
       abort(
           context,
           grpc.StatusCode.PERMISSION_DENIED,
-          f'URL artifact {url!r} is not a dependency of any staged job; '
-          'only those are fetched.')
+          f'URL artifact {url!r} is not a dependency of any staged job '
+          'that this server may fetch (its URL allowlist); only those are '
+          'fetched.')
     try:
       handle = self._url_opener(url)
     except Exception as exn:  # pylint: disable=broad-except

@@ -62,6 +62,7 @@ from beam_pyspark.artifacts.protocol import DependencySets
 from beam_pyspark.artifacts.protocol import UnknownStagingTokenError
 from beam_pyspark.artifacts.protocol import URL_URN
 from beam_pyspark.artifacts.stream import Failure
+from beam_pyspark.artifacts.urls import UrlPolicy
 from beam_pyspark.artifacts.stream import StagingStream
 
 _LOGGER = logging.getLogger(__name__)
@@ -139,6 +140,9 @@ class ArtifactStagingService(
     manifest_dir: where to record which files each staged job holds, so
       that a later process can ``recover()`` them; None keeps that in
       memory only (nothing survives a restart).
+    url_policy: the URL artifacts a client may resolve an artifact to
+      (kept as URLs, fetched by the job server later); others fail the
+      stream. None keeps any URL: for a service whose URLs nobody fetches.
   """
   def __init__(
       self,
@@ -147,7 +151,8 @@ class ArtifactStagingService(
       writers: int = 4,
       max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
       file_writer: Optional[FileWriter] = None,
-      manifest_dir: Optional[str] = None):
+      manifest_dir: Optional[str] = None,
+      url_policy: Optional[UrlPolicy] = None):
     if max_buffered_bytes <= 0:
       raise ValueError(
           f'max_buffered_bytes must be positive, not {max_buffered_bytes}')
@@ -158,6 +163,7 @@ class ArtifactStagingService(
     self._manifests = ManifestStore(manifest_dir) if manifest_dir else None
     self.budget = ByteBudget(max_buffered_bytes)
     self.max_artifact_bytes = max_artifact_bytes
+    self.url_policy = url_policy
     self.writers = concurrent.futures.ThreadPoolExecutor(
         max_workers=writers, thread_name_prefix='artifact-writer')
     self._lock = threading.Lock()

@@ -44,6 +44,9 @@ from beam_pyspark.artifacts.protocol import ProtocolError
 from beam_pyspark.artifacts.protocol import SendRequest
 from beam_pyspark.artifacts.protocol import StagingProtocol
 from beam_pyspark.artifacts.protocol import StoreEmbedded
+from beam_pyspark.artifacts.urls import UrlNotAllowedError
+from beam_pyspark.artifacts.urls import UrlPolicy
+from beam_pyspark.artifacts.urls import artifact_url
 from beam_pyspark.artifacts.protocol import FILE_URN
 from beam_pyspark.artifacts.protocol import Phase
 
@@ -60,6 +63,9 @@ class StagingHost(Protocol):
   budget: ByteBudget
   writers: concurrent.futures.Executor
   max_artifact_bytes: int
+  # Which URL artifacts may be kept as URLs, for the job server to fetch;
+  # None: any (no job server fetches them).
+  url_policy: Optional[UrlPolicy]
 
   def record_staged(self, staging_token: str, files: Sequence[str],
                     resolved: DependencySets) -> None:
@@ -229,6 +235,7 @@ class StagingStream:
         case SendRequest(request):
           self._outbox.put(request)
         case KeepArtifact(env, index, artifact):
+          self._check_url(env, artifact)
           self._results[env][index] = artifact
         case StoreEmbedded(env, index, artifact, data):
           sink = self._results[env][index] = self._new_sink(env, artifact)
@@ -244,6 +251,21 @@ class StagingStream:
           self._current = None
         case Finished():
           pass
+
+  def _check_url(self, env: str, artifact: ArtifactInformation) -> None:
+    """A URL the client resolved an artifact to is fetched by the job
+    server later: refused unless its URL policy allows it (urls.py)."""
+    policy = self._host.url_policy
+    if policy is None:
+      return
+    try:
+      policy.check(artifact_url(artifact) or '',
+                   f'The URL artifact of environment {env!r}')
+    except UrlNotAllowedError as exn:
+      self.fail(Failure(
+          grpc.StatusCode.PERMISSION_DENIED,
+          f'Staging artifacts for {self.staging_token!r} refused: {exn}'))
+      raise _StreamAbandoned() from exn
 
   def _new_sink(
       self, env: str, artifact: ArtifactInformation) -> ArtifactSink:

@@ -56,6 +56,14 @@ DEFAULT_MAX_INVOCATION_HISTORY = 10
 # it, Prepare is refused; a preparation itself ends only when it is run,
 # cancelled, or expires.
 DEFAULT_MAX_PREPARATIONS = 64
+# Preparations one client (its host, as gRPC sees the peer) may keep at
+# once, by default: one client filling every slot locked the others out
+# until its preparations expired. Half, not less: clients behind one proxy
+# or NAT, or many on one machine (twenty concurrent ones in the tests),
+# share a host.
+def default_preparations_per_client(max_preparations: int) -> int:
+  return max(1, max_preparations // 2)
+
 # A preparation not run within this long is expired (as Beam's Java job
 # service times out staging): it ends FAILED, saying so, and joins the
 # history like any ended job.
@@ -95,9 +103,13 @@ class JobRegistry(Restarts):
       clock: Callable[[], float] = time.time,
       preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS,
       recovery: Optional[StreamingRecovery] = None,
-      max_preparations: int = DEFAULT_MAX_PREPARATIONS):
+      max_preparations: int = DEFAULT_MAX_PREPARATIONS,
+      max_preparations_per_client: Optional[int] = None):
     self._invoke = invoke
     self._max_preparations = max_preparations
+    self._max_per_client = (
+        max_preparations_per_client or
+        default_preparations_per_client(max_preparations))
     # None: every job left unfinished by an earlier run ends FAILED.
     self._recovery = recovery
     self._preparation_timeout = preparation_timeout_secs
@@ -160,12 +172,15 @@ class JobRegistry(Restarts):
   # -- the lifecycle --------------------------------------------------------
 
   def prepare(self, job_name: str, pipeline: beam_runner_api_pb2.Pipeline,
-              options: dict, job_id: Optional[str] = None) -> JobSnapshot:
+              options: dict, job_id: Optional[str] = None,
+              client: str = '') -> JobSnapshot:
     """A new job, prepared (STOPPED) until it is run, cancelled or expires.
 
     Its id is ``job_id`` if given (unique), else the name and a UUID.
     Raises ValueError for a name longer than MAX_JOB_NAME_CHARS, and
-    TooManyPreparationsError when ``max_preparations`` wait already."""
+    TooManyPreparationsError when ``max_preparations`` wait already, or
+    ``max_preparations_per_client`` of ``client`` (a peer's host; '' is
+    no one's and counts only against the whole)."""
     if self._closing:
       raise ShuttingDownError(
           'The job server is stopping and takes no new jobs; submit the job '
@@ -189,6 +204,16 @@ class JobRegistry(Restarts):
             'run or cancel them, or wait: a preparation not run within '
             f'{self._preparation_timeout:.0f} s expires '
             '(--preparation-timeout-secs).')
+      if client:
+        own = sum(1 for j in self._preparations() if j.client == client)
+        if own >= self._max_per_client:
+          raise TooManyPreparationsError(
+              f'{own} prepared jobs of client {client} wait to be run, the '
+              'most one client may keep (--max-preparations-per-client '
+              f'{self._max_per_client}); run or cancel them, or wait: a '
+              'preparation not run within '
+              f'{self._preparation_timeout:.0f} s expires.')
+      job.client = client
       self._store.put_job(
           JobRecord(job_id=job_id, job_name=job_name, options=options,
                     created=job.created, staging_token=job.staging_token,

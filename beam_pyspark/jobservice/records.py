@@ -75,6 +75,8 @@ class Job:
     # runs the job again after a restart, or lets a stopping one go.
     self.generation = 0
     self.has_run = False
+    # Who prepared it (a peer's host): preparations are bounded per client.
+    self.client = ''
     self.past = False
     self.messages_loaded = True
     self.final_metrics: Optional[list[bytes]] = None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
+import socket
 import threading
 import time
 from concurrent import futures
@@ -18,6 +20,7 @@ from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_ARTIFACT_BYTES
 from beam_pyspark.artifacts.staging import DEFAULT_MAX_BUFFERED_BYTES
+from beam_pyspark.artifacts.urls import UrlPolicy
 from beam_pyspark.jobservice.health import health_handler
 from beam_pyspark.jobservice.recovery import StreamingRecovery
 from beam_pyspark.jobservice.jobs import DEFAULT_MAX_PREPARATIONS
@@ -30,8 +33,45 @@ from beam_pyspark.planning.environments import parse_all as parse_overrides
 _LOGGER = logging.getLogger(__name__)
 
 
-def bind_port(server, host: str, port: int) -> int:
-  """Opens ``port`` (0: a free one) of ``host`` on the gRPC ``server``.
+# gRPC sets SO_REUSEPORT on its listening sockets by default: a second
+# server started with the same default binds the port a first one holds,
+# without a word, and the kernel then shares connections between the two
+# (two job servers on 8099 each got half of the clients). Off, a port held
+# by anyone fails the bind.
+EXCLUSIVE_PORTS = (('grpc.so_reuseport', 0), )
+
+
+def grpc_server(max_workers: int, **kwargs) -> grpc.Server:
+  """A gRPC server whose ports are its own (EXCLUSIVE_PORTS)."""
+  return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                     options=EXCLUSIVE_PORTS, **kwargs)
+
+
+class PortInUseError(RuntimeError):
+  """A port the job server was told to listen on is not free."""
+
+
+def _why_not_bound(host: str, port: int) -> str:
+  """What the OS says binding (host, port) would do: gRPC's own error
+  names no cause."""
+  try:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+  except OSError as exn:
+    return f'{host!r} does not resolve ({exn})'
+  for family, kind, proto, _, address in infos:
+    with socket.socket(family, kind, proto) as probe:
+      try:
+        probe.bind(address)
+      except OSError as exn:
+        if exn.errno == errno.EADDRINUSE:
+          return f'port {port} is in use (by another process)'
+        return f'{exn.strerror or exn}'
+  return 'gRPC could not bind it'
+
+
+def bind_port(server, host: str, port: int, flag: str = '') -> int:
+  """Opens ``port`` (0: a free one) of ``host`` on the gRPC ``server``;
+  raises PortInUseError naming the port and ``flag`` if it cannot.
 
   gRPC binds ``localhost:0`` as two addresses, [::1] and 127.0.0.1, with
   the port it found free on the first; when another process holds that
@@ -40,13 +80,20 @@ def bind_port(server, host: str, port: int) -> int:
   out staging artifacts so). For ``localhost`` the IPv4 address comes
   first, then [::1] on the same port where it is free (clients of
   ``localhost`` fall back to 127.0.0.1 where [::1] refuses)."""
-  if host != 'localhost':
-    return server.add_insecure_port(f'{host}:{port}')
-  bound = server.add_insecure_port(f'127.0.0.1:{port}')
+  first = '127.0.0.1' if host == 'localhost' else host
   try:
-    server.add_insecure_port(f'[::1]:{bound}')
-  except RuntimeError:  # held by another process, or no IPv6 here
-    pass
+    bound = server.add_insecure_port(f'{first}:{port}')
+  except RuntimeError as exn:
+    why = _why_not_bound(first, port)
+    raise PortInUseError(
+        f'Cannot listen on {host}:{port}{f" ({flag})" if flag else ""}: '
+        f'{why}. Stop what holds it, or give {flag or "the server"} another '
+        'port (0 picks a free one).') from exn
+  if host == 'localhost':
+    try:
+      server.add_insecure_port(f'[::1]:{bound}')
+    except RuntimeError:  # held by another process, or no IPv6 here
+      pass
   return bound
 
 
@@ -65,6 +112,7 @@ class JobServerConfig:
   # expire after their timeout only.
   max_invocation_history: int = DEFAULT_MAX_INVOCATION_HISTORY
   max_preparations: int = DEFAULT_MAX_PREPARATIONS
+  max_preparations_per_client: Optional[int] = None
   preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS
   job_store: Optional[str] = None  # default: <artifacts_dir>/jobs.sqlite
   max_staging_buffer_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
@@ -81,6 +129,9 @@ class JobServerConfig:
   status_allowed_hosts: list = dataclasses.field(default_factory=list)
   # IMAGE_GLOB=SPEC for Docker environments (planning.environments).
   environment_overrides: list = dataclasses.field(default_factory=list)
+  # URL prefixes the server may fetch URL artifacts from
+  # (artifacts.urls.UrlPolicy); none by default.
+  artifact_url_allowlist: list = dataclasses.field(default_factory=list)
   # Start Spark at start, in the background (its SQL session and the
   # streaming source too), so that the first job does not wait for it.
   spark_warm_up: bool = True
@@ -170,6 +221,17 @@ class JobServer:
     # Start-up deletes what no retained job references: a second server on
     # the same directory would delete the first's uploads in flight.
     self._lock_file = _lock_artifacts_dir(root)
+    try:
+      self._build(config, root, invoke)
+    except BaseException:
+      # A port in use, say: the directory is free again for another try.
+      if getattr(self, 'store', None) is not None:
+        self.store.close()
+      if self._lock_file is not None:
+        self._lock_file.close()
+      raise
+
+  def _build(self, config: JobServerConfig, root: str, invoke) -> None:
     from beam_pyspark.artifacts.memory import pin_mmap_threshold
     # Without it, staged chunks freed by the writers stay in malloc's arenas:
     # staging 200 MB left the server up to 100 MB bigger for good.
@@ -177,26 +239,29 @@ class JobServer:
     from beam_pyspark.artifacts.retrieval import ArtifactRetrievalService
     from beam_pyspark.artifacts.retrieval import open_url
     from beam_pyspark.artifacts.staging import ArtifactStagingService
+    self.url_policy = UrlPolicy(config.artifact_url_allowlist)
     self.staging = ArtifactStagingService(
         os.path.join(root, 'staged'),
         max_buffered_bytes=config.max_staging_buffer_bytes,
         max_artifact_bytes=config.max_artifact_bytes,
-        manifest_dir=os.path.join(root, 'staged-jobs'))
+        manifest_dir=os.path.join(root, 'staged-jobs'),
+        url_policy=self.url_policy)
     # URL artifacts are fetched when workers ask, and only the URLs staged
-    # jobs depend on.
+    # jobs depend on, which the URL policy allowed (checked again here: a
+    # job staged by an earlier run under another allowlist).
     self.retrieval = ArtifactRetrievalService(
         os.path.join(root, 'staged'),
         url_opener=open_url,
-        url_allowed=self.staging.stages_url)
+        url_allowed=lambda url: (self.url_policy.allows(url) and
+                                 self.staging.stages_url(url)))
     host = config.job_host
-    self._artifact_server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16))
+    self._artifact_server = grpc_server(16)
     beam_artifact_api_pb2_grpc.add_ArtifactStagingServiceServicer_to_server(
         self.staging, self._artifact_server)
     beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
         self.retrieval, self._artifact_server)
     self.artifact_port = bind_port(
-        self._artifact_server, host, config.artifact_port)
+        self._artifact_server, host, config.artifact_port, '--artifact-port')
 
     self.store = JobStore(
         config.job_store or os.path.join(root, 'jobs.sqlite'))
@@ -219,27 +284,30 @@ class JobServer:
         recovery=self.checkpoints,
         environment_overrides=parse_overrides(config.environment_overrides),
         max_preparations=config.max_preparations,
-        preparation_timeout_secs=config.preparation_timeout_secs)
-    self._job_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+        max_preparations_per_client=config.max_preparations_per_client,
+        preparation_timeout_secs=config.preparation_timeout_secs,
+        url_policy=self.url_policy)
+    self._job_server = grpc_server(64)
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(
         self.service, self._job_server)
     self._stopped = threading.Event()
     self._job_server.add_generic_rpc_handlers((health_handler(
         lambda: not self.service.registry.closing, self._stopped),))
-    self.job_port = bind_port(self._job_server, host, config.job_port)
+    self.job_port = bind_port(self._job_server, host, config.job_port,
+                              '--job-port')
 
     self._expansion_server = None
     self.expansion_port = None
     if config.expansion_port is not None and config.expansion_port >= 0:
       from apache_beam.runners.portability.expansion_service import (
           ExpansionServiceServicer)
-      self._expansion_server = grpc.server(
-          futures.ThreadPoolExecutor(max_workers=4))
+      self._expansion_server = grpc_server(4)
       beam_expansion_api_pb2_grpc.add_ExpansionServiceServicer_to_server(
           ExpansionServiceServicer(expansion_options()),
           self._expansion_server)
       self.expansion_port = bind_port(
-          self._expansion_server, host, config.expansion_port)
+          self._expansion_server, host, config.expansion_port,
+          '--expansion-port')
     self._name_filter = None
 
   def start(self) -> None:

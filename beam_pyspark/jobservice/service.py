@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import urllib.parse
 from typing import Optional
 from typing import Sequence
 
@@ -24,6 +25,10 @@ from apache_beam.portability.api import endpoints_pb2
 from apache_beam.runners.job import utils as job_utils
 from google.protobuf import timestamp_pb2
 
+from beam_pyspark.artifacts.retrieval import bounded
+from beam_pyspark.artifacts.urls import UrlNotAllowedError
+from beam_pyspark.artifacts.urls import UrlPolicy
+from beam_pyspark.artifacts.urls import artifact_url
 from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
@@ -65,6 +70,10 @@ _OPTION_TYPES = {
 # A job's pipeline options, as sent at Prepare, at most (Beam's clients send
 # a few KB).
 MAX_OPTIONS_BYTES = 1 << 20
+# One message's text on the message stream, at most (a traceback of
+# thousands of lines is cut, saying so): every message of a job's history
+# is sent again to each new stream.
+MAX_MESSAGE_TEXT_BYTES = 16384
 # What GetJobs spends on options, over all jobs: the rest of gRPC's default
 # 4 MB limit is ample for ids, names and states.
 GET_JOBS_OPTIONS_BYTES = 2 << 20
@@ -106,11 +115,11 @@ def _unary(method):
       if context is None:
         raise refusal or exn
       if refusal is not None:
-        context.abort(refusal.code, refusal.message)
+        context.abort(refusal.code, bounded(refusal.message))
       _LOGGER.exception('%s failed', method.__name__)
       context.abort(
           grpc.StatusCode.INTERNAL,
-          f'{method.__name__} failed: {type(exn).__name__}: {exn}')
+          bounded(f'{method.__name__} failed: {type(exn).__name__}: {exn}'))
   return wrapper
 
 
@@ -121,9 +130,15 @@ def _streaming(method):
       yield from method(self, request, context)
     except Exception as exn:  # pylint: disable=broad-except
       refusal = _refusal(exn)
-      if refusal is None or context is None:
+      if context is None:
         raise refusal or exn
-      context.abort(refusal.code, refusal.message)
+      if refusal is not None:
+        context.abort(refusal.code, bounded(refusal.message))
+      # Not left to gRPC: its UNKNOWN status would carry str(exn) uncut.
+      _LOGGER.exception('%s failed', method.__name__)
+      context.abort(
+          grpc.StatusCode.INTERNAL,
+          bounded(f'{method.__name__} failed: {type(exn).__name__}: {exn}'))
   return wrapper
 
 
@@ -136,6 +151,20 @@ def _timestamp(ts: float) -> timestamp_pb2.Timestamp:
 def _state_event(event: StateEvent) -> beam_job_api_pb2.JobStateEvent:
   return beam_job_api_pb2.JobStateEvent(
       state=event.state, timestamp=_timestamp(event.timestamp))
+
+
+def peer_host(context) -> str:
+  """The host of the client calling, as gRPC names the peer
+  ('ipv4:10.0.0.5:41234', 'ipv6:[::1]:41234', URL-quoted in newer gRPC):
+  its address without the port; '' with no context (in-process)."""
+  if context is None:
+    return ''
+  peer = urllib.parse.unquote(context.peer() or '')
+  kind, _, address = peer.partition(':')
+  if kind in ('ipv4', 'ipv6'):
+    host = address.rpartition(':')[0] if ':' in address else address
+    return host.strip('[]')
+  return kind or peer  # 'unix', 'unknown': one client each
 
 
 def _active(context):
@@ -168,8 +197,12 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       recovery: Optional[StreamingRecovery] = None,
       environment_overrides: Sequence[EnvironmentOverride] = (),
       max_preparations: int = DEFAULT_MAX_PREPARATIONS,
-      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS):
+      preparation_timeout_secs: float = DEFAULT_PREPARATION_TIMEOUT_SECS,
+      url_policy: Optional[UrlPolicy] = None,
+      max_preparations_per_client: Optional[int] = None):
     self._staging = staging
+    # URL artifacts: none fetched unless allowed (urls.py).
+    self._url_policy = url_policy or UrlPolicy()
     self._environment_overrides = list(environment_overrides)
     self._staging_endpoint = staging_endpoint
     self._spark_master = spark_master
@@ -177,6 +210,7 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
         invoke, store=store, max_invocation_history=max_invocation_history,
         on_evict=staging.remove_job if staging is not None else None,
         recovery=recovery, max_preparations=max_preparations,
+        max_preparations_per_client=max_preparations_per_client,
         preparation_timeout_secs=preparation_timeout_secs)
 
   def resume_interrupted(self) -> list[str]:
@@ -219,6 +253,7 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
       check_supported(pipeline)
     except UnsupportedPipelineError as exn:
       raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
+    self._check_urls(pipeline)
     try:
       plan_pipeline(pipeline)  # a malformed pipeline fails here
     except Exception as exn:  # pylint: disable=broad-except
@@ -233,7 +268,8 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
           f'The pipeline options of job {job_name[:80]!r} take {size} bytes; '
           f'at most {MAX_OPTIONS_BYTES} are accepted.')
     try:
-      job = self.registry.prepare(job_name, pipeline, options)
+      job = self.registry.prepare(job_name, pipeline, options,
+                                  client=peer_host(context))
     except ValueError as exn:
       raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exn)) from exn
     for note in overridden + ignored_by_job_server(options,
@@ -246,6 +282,23 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
         artifact_staging_endpoint=endpoints_pb2.ApiServiceDescriptor(
             url=self._staging_endpoint),
         staging_session_token=job.staging_token)
+
+  def _check_urls(self, pipeline: beam_runner_api_pb2.Pipeline) -> None:
+    """Refuses, all at once, the URL artifacts this server may not fetch:
+    it would fetch them itself, from its own network (urls.py)."""
+    refused = []
+    for key, artifacts in dependencies(pipeline).items():
+      env_id = key.split(':', 1)[1]
+      for artifact in artifacts:
+        try:
+          url = artifact_url(artifact)
+          if url is not None:
+            self._url_policy.check(
+                url, f'The URL artifact of environment {env_id!r}')
+        except UrlNotAllowedError as exn:
+          refused.append(str(exn))
+    if refused:
+      raise Refusal(grpc.StatusCode.PERMISSION_DENIED, '\n'.join(refused))
 
   @_unary
   def Run(self, request, context=None):
@@ -277,14 +330,36 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
   def GetState(self, request, context=None):
     return _state_event(self.registry.state(request.job_id))
 
+  def _refuse_unrun(self, job_id: str) -> None:
+    """Refuses a stream on a preparation not run yet.
+
+    Beam's Python PortableRunner opens its state and message streams on
+    the preparation id with ``timeout=job_server_timeout`` (300 s by
+    default) and, only if the server refuses that id, opens them on Run's
+    job id with no deadline (portable_runner.py, ``JobServiceHandle.run``).
+    Beam's Java InMemoryJobService refuses it (a preparation is not an
+    invocation there). A server that accepted it would bind the whole job
+    to the client's deadline: DEADLINE_EXCEEDED after 300 s. Once run, the
+    same id (ours are one) serves its streams from the job's start.
+    """
+    job = self.registry.job(job_id)
+    if not job.has_run and job.state == beam_job_api_pb2.JobState.STOPPED:
+      raise Refusal(
+          grpc.StatusCode.NOT_FOUND,
+          f'Job {job_id!r} is prepared but not running: its state and '
+          'message streams open once Run has started it (GetState answers '
+          'before).')
+
   @_streaming
   def GetStateStream(self, request, context=None):
+    self._refuse_unrun(request.job_id)
     for event in self.registry.subscribe(
         request.job_id, messages=False, active=_active(context)):
       yield _state_event(event)
 
   @_streaming
   def GetMessageStream(self, request, context=None):
+    self._refuse_unrun(request.job_id)
     events = self.registry.subscribe(
         request.job_id, messages=True, active=_active(context))
     for number, event in enumerate(events, 1):
@@ -294,7 +369,7 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
                 message_id=f'{request.job_id}-{number}',
                 time=str(int(event.timestamp * 1000)),
                 importance=event.importance,
-                message_text=event.text))
+                message_text=bounded(event.text, MAX_MESSAGE_TEXT_BYTES)))
       else:
         yield beam_job_api_pb2.JobMessagesResponse(
             state_response=_state_event(event))
@@ -352,12 +427,24 @@ class JobService(beam_job_api_pb2_grpc.JobServiceServicer):
 
 
 def _with_resolved_artifacts(pipeline, resolved):
-  """The pipeline with each environment's dependencies as staged files."""
+  """The pipeline with each environment's dependencies as staged files,
+  an AnyOf environment's members' too: a member's dependencies left as
+  the client gave them were paths the driver would open on its own disk."""
   pipeline = beam_runner_api_pb2.Pipeline.FromString(
       pipeline.SerializeToString())
   for env_id, env in pipeline.components.environments.items():
-    deps = resolved.get(f'0:{env_id}')
-    if deps is not None and env.urn != common_urns.environments.ANYOF.urn:
-      del env.dependencies[:]
-      env.dependencies.extend(deps)
+    if env.urn == common_urns.environments.ANYOF.urn:
+      payload = beam_runner_api_pb2.AnyOfEnvironmentPayload.FromString(
+          env.payload)
+      for i, member in enumerate(payload.environments):
+        _replace_dependencies(member, resolved.get(f'{i}:{env_id}'))
+      env.payload = payload.SerializeToString()
+    else:
+      _replace_dependencies(env, resolved.get(f'0:{env_id}'))
   return pipeline
+
+
+def _replace_dependencies(env, deps) -> None:
+  if deps is not None:
+    del env.dependencies[:]
+    env.dependencies.extend(deps)

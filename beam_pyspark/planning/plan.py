@@ -26,6 +26,7 @@ from apache_beam.utils import proto_utils
 from beam_pyspark.planning import lifting
 from beam_pyspark.planning import reads
 from beam_pyspark.planning import reshuffles
+from beam_pyspark.planning.normalize import normalized
 from beam_pyspark.planning.sdks import accepts_state_backed_iterables
 from beam_pyspark.planning.sdks import closes_windows_at_end
 from beam_pyspark.planning.sdks import grouping_coders
@@ -200,8 +201,7 @@ def fuse(pipeline_proto: beam_runner_api_pb2.Pipeline, drain: bool = False,
   ``drain`` expands splittable DoFns with their truncate step, as Beam does
   for a draining job; ``streaming`` chooses a streaming job's phases.
   """
-  pipeline_proto = copy.deepcopy(pipeline_proto)
-  reshuffles.expand_recoding(pipeline_proto)
+  pipeline_proto = normalized(pipeline_proto)
   return tr.create_and_optimize_stages(
       pipeline_proto,
       phases=lifting.streaming_phases(PHASES) if streaming else PHASES,
