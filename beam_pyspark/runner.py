@@ -224,7 +224,10 @@ def _progress_reporter(mode: str, registry: JobRegistry,
 
   def wait_ended(timeout):
     state = registry.wait(job_id, timeout)
-    return state if state in TERMINAL_STATES else None
+    # A job stopped to resume (Ctrl-C) is over for this program too: its
+    # reporter ends rather than hold the program's exit for its join.
+    return state if state in TERMINAL_STATES or (
+        state == beam_job_api_pb2.JobState.STOPPED) else None
 
   return console.ProgressReporter(
       mode, job_id, stages, execution.progress,
@@ -328,7 +331,9 @@ class PySparkPipelineResult(runner.PipelineResult):
       self._execution.cancel()
       raise
     if self._reporter is not None:
-      self._reporter.join()
+      # Its summary on a terminal (a poll a second); the log's polls are
+      # 30 s apart, and the line below says it all.
+      self._reporter.join(console.TERMINAL_SECS + 0.5)
     if stopping and self.state == runner.PipelineState.STOPPED:
       print(f'Job {self.job_id} stopped, checkpoint kept at {location}: run '
             'the same pipeline with that --checkpoint_location again to '

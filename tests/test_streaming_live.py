@@ -86,3 +86,49 @@ def test_windows_arrive_while_the_source_runs_and_ctrl_c_keeps_the_checkpoint(
   assert not java, '\n'.join(java[:30])
   # The checkpoint is there to resume from: committed micro-batches.
   assert os.listdir(os.path.join(checkpoint, 'manifests'))
+
+
+STARTUP_STOP_SECS = 10
+
+
+def test_ctrl_c_during_start_up_stops_within_seconds_without_a_traceback(
+    tmp_path):
+  """Ctrl-C as a terminal sends it (to the whole process group: Spark's
+  JVM and Python workers too) once the job runs, before its query's
+  first micro-batch: the program ends in seconds with its one line."""
+  checkpoint = str(tmp_path / 'checkpoint')
+  log_path = tmp_path / 'example.log'
+  with open(log_path, 'wb') as log:
+    proc = subprocess.Popen(
+        [sys.executable, EXAMPLE, '--output', str(tmp_path / 'counts'),
+         '--runner=beam_pyspark.PySparkRunner', '--streaming',
+         '--spark_master_url=local[2]', f'--seconds={SOURCE_SECS}',
+         '--rate=50', f'--checkpoint_location={checkpoint}'],
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+        preexec_fn=_as_from_a_terminal, start_new_session=True)
+  try:
+    started = time.time()
+    # The engine runs: its Spark session and query are starting.
+    while (proc.poll() is None and time.time() - started < WINDOW_WAIT_SECS
+           and 'Running job' not in log_path.read_text(errors='replace')):
+      time.sleep(0.1)
+    assert proc.poll() is None, log_path.read_text(errors='replace')[-5000:]
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+    signalled = time.time()
+    try:
+      proc.wait(timeout=STARTUP_STOP_SECS)
+    except subprocess.TimeoutExpired:
+      pass
+    stopped_in = time.time() - signalled
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+  text = log_path.read_text(errors='replace')
+  assert stopped_in < STARTUP_STOP_SECS, (stopped_in, text[-5000:])
+  assert proc.returncode == 130, (proc.returncode, text[-5000:])
+  assert 'stopped, checkpoint kept at' in text, text[-5000:]
+  assert 'Traceback' not in text, text[-8000:]
+  java = [line for line in text.splitlines()
+          if line.startswith('\tat ') or 'Py4J' in line or 'java.' in line]
+  assert not java, '\n'.join(java[:30])

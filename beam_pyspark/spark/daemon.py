@@ -12,6 +12,7 @@ it needs itself, and reports a real import error in its task.
 
 import gc
 import os
+import signal
 
 
 def _preload() -> None:
@@ -24,10 +25,30 @@ def _preload() -> None:
   gc.freeze()
 
 
+class _NoCtrlC:
+  """``signal`` as pyspark.daemon sees it: SIGINT stays ignored.
+
+  A terminal's Ctrl-C reaches every process of its group, Spark's Python
+  workers too, and PySpark's daemon gives each worker it forks Python's
+  KeyboardInterrupt for it (``pyspark.daemon.worker``): tasks died mid-way
+  (a KeyboardInterrupt traceback, the JVM's "Broken pipe") while the driver
+  was stopping the job between micro-batches. The driver stops them; they
+  ignore Ctrl-C, as PySpark's JVM (started with SIGINT ignored) does."""
+  def __getattr__(self, name):
+    return getattr(signal, name)
+
+  @staticmethod
+  def signal(signalnum, handler):
+    if signalnum == signal.SIGINT:
+      handler = signal.SIG_IGN
+    return signal.signal(signalnum, handler)
+
+
 if __name__ == '__main__':
   try:
     _preload()
   except Exception:  # pylint: disable=broad-except
     pass
-  from pyspark.daemon import manager  # pylint: disable=import-outside-toplevel
-  manager()
+  import pyspark.daemon  # pylint: disable=import-outside-toplevel
+  pyspark.daemon.signal = _NoCtrlC()
+  pyspark.daemon.manager()

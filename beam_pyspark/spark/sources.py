@@ -21,6 +21,7 @@ micro-batches its own manifest says it committed. Spark's
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from beam_pyspark.spark.microbatches import _remove
 from beam_pyspark.spark.microbatches import _touch
 from beam_pyspark.spark.microbatches import control_dir
 from beam_pyspark.spark.microbatches import request_drain  # noqa: F401
+from beam_pyspark.spark import querystarts
 from beam_pyspark.storage import Location
 from beam_pyspark.streaming.teststream import TestStreamBatch
 from beam_pyspark.streaming.teststream import teststream_batches
@@ -225,11 +227,6 @@ class Trigger:
   grants: dict  # endpoint id -> records (None: no limit)
 
 
-# Starts of a query whose source's Python process did not connect back.
-_STARTS = 3
-_NO_CONNECT_BACK = 'Python worker failed to connect back'
-
-
 class Query:
   """A job's query: runs ``run_batch(Trigger)`` for each micro-batch, in
   order, on a thread of Spark's, until ``finished()`` or ``stopping()``
@@ -256,20 +253,38 @@ class Query:
     self.log = log
     self._errors: list[BaseException] = []
     self._started: Optional[float] = None  # until the first micro-batch
+    self._warming: Optional[threading.Thread] = None
+    self._starting = True
+
+  @property
+  def starting(self) -> bool:
+    """Whether Spark has yet to offer the query's first micro-batch."""
+    return self._starting
 
   def run(self) -> None:
     _remove(os.path.join(self.root, STOP_MARKER))
     # Starting the query takes seconds of its own (a session, Python
     # processes of Spark's for the source): the first micro-batch's Python
     # workers (their daemon imports Beam) start meanwhile.
-    threading.Thread(target=self._warm_workers, daemon=True,
-                     name=f'beam-pyspark-warm-{self.job_id}').start()
-    reader = streaming_session(self.sc).readStream.format(SOURCE_NAME).option(
+    self._warming = threading.Thread(
+        target=self._warm_workers, daemon=True,
+        name=f'beam-pyspark-warm-{self.job_id}')
+    self._warming.start()
+    spark = self._unless_stopped(lambda: streaming_session(self.sc))
+    if spark is None:
+      return
+    reader = spark.readStream.format(SOURCE_NAME).option(
         'location', self.checkpoint.url).option('control', self.root)
     for key, value in self.checkpoint.options:
       reader = reader.option(f'{_STORAGE_PREFIX}{key}', str(value))
     for key, value in self.options.items():
       reader = reader.option(key, str(value))
+    if querystarts.busy():
+      # Spark gives the source's process 10 s to start: on a busy machine
+      # it does not share the CPU with the workers' start as well.
+      self._pause(0)
+    if self.stopping():  # stopped while its session started: no query
+      return
     try:
       self._run_starts(reader)
     finally:
@@ -280,25 +295,53 @@ class Query:
       raise self._errors[0]
 
   def _run_starts(self, reader) -> None:
-    for attempt in range(1, _STARTS + 1):
+    """Runs the query; starts it again, after a pause, while it fails
+    before its first micro-batch because Spark's source process did not
+    connect back in time (a loaded machine: ``spark.querystarts``)."""
+    first = time.monotonic()
+    pauses = querystarts.start_pauses()
+    for starts in itertools.count(1):
       try:
         self._run_query(reader)
         return
       except Exception as exn:  # pylint: disable=broad-except
-        # Spark waits a fixed 10 s for the source's Python process to
-        # connect back; on a loaded machine it may not. Before a first
-        # micro-batch was offered nothing ran or was written: start again.
-        if (self._started is None or self._errors or attempt == _STARTS or
-            self.stopping() or _NO_CONNECT_BACK not in str(exn)):
-          raise
-        self.log(f'The streaming query did not start ({_NO_CONNECT_BACK} '
-                 f'within Spark\'s 10 s: a loaded machine); starting it '
-                 f'again ({attempt + 1} of {_STARTS}).')
+        if self._errors or self.stopping():
+          raise  # the engine's own error; a cancel
+        _LOGGER.debug('Job %s: the query failed', self.job_id, exc_info=True)
+        started = self._started is None  # a first micro-batch was offered
+        cause = querystarts.failure_cause(exn)
+        pause = None if started or (
+            querystarts.NO_CONNECT_BACK not in cause) else next(pauses, None)
+        if pause is None:
+          raise querystarts.query_error(
+              exn, starts, time.monotonic() - first, started) from None
+        self.log(f'The streaming query did not start: Spark\'s Python '
+                 'process for its source did not connect back within '
+                 'Spark\'s fixed 10 s (a loaded machine). Starting it again '
+                 f'in {pause} s (start {starts + 1}).')
+        self._pause(pause)
+        if self.stopping():
+          return  # the engine raises its cancel
+
+  def _pause(self, secs: float) -> None:
+    """A pause between starts, cut short by a cancel or a stop; it lasts
+    until the job's Python workers have started too (at most a minute
+    more): they would compete with the source's process for the CPU."""
+    deadline = time.monotonic() + secs
+    while not self.stopping():
+      now = time.monotonic()
+      warming = self._warming is not None and self._warming.is_alive()
+      if now >= deadline + (WARM_WAIT_SECS if warming else 0):
+        return
+      time.sleep(POLL_SECS * 4)
 
   def _run_query(self, reader) -> None:
     self._started = time.monotonic()
+    frame = self._unless_stopped(reader.load)
+    if frame is None:
+      return
     query = (
-        reader.load().writeStream.queryName(f'beam-{self.job_id}')
+        frame.writeStream.queryName(f'beam-{self.job_id}')
         .foreachBatch(self._each)
         .option('checkpointLocation', self.location).start())
     _LOGGER.debug('Job %s: query started in %.2f s', self.job_id,
@@ -321,6 +364,33 @@ class Query:
       except Exception:  # pylint: disable=broad-except
         pass
 
+  def _unless_stopped(self, call: Callable[[], object]):
+    """``call()``, or None once the job is stopping, without waiting for it
+    to return: Spark's SQL session and the source's load take seconds each
+    (tens on a loaded machine), and a Ctrl-C in start-up waited for them.
+    What it raises, it raises here; left to finish, it raises nowhere."""
+    done = threading.Event()
+    result: list = []
+
+    def run():
+      try:
+        result.append((True, call()))
+      except BaseException as exn:  # pylint: disable=broad-except
+        result.append((False, exn))
+      done.set()
+
+    threading.Thread(target=run, daemon=True,
+                     name=f'beam-pyspark-start-{self.job_id}').start()
+    while not done.wait(POLL_SECS * 2):
+      if self.stopping():
+        # The job's Spark jobs launched since its cancel (the workers').
+        self.sc.cancelJobGroup(self.job_id)
+        return None
+    ok, value = result[0]
+    if not ok:
+      raise value
+    return value
+
   def _warm_workers(self) -> None:
     try:
       self.sc.setJobGroup(self.job_id, f'Beam job {self.job_id}', True)
@@ -342,6 +412,7 @@ class Query:
                       'the query\'s start', self.job_id, batch_id,
                       time.monotonic() - self._started)
         self._started = None
+        self._starting = False
       trigger = self._logged_trigger(batch_id)
       if trigger is not None:
         self.run_batch(trigger)
@@ -377,3 +448,6 @@ class Query:
 
 # How often the driver looks whether the query should end.
 POLL_SECS = 0.05
+# How much longer than its pause a start waits for the job's Python
+# workers to finish starting.
+WARM_WAIT_SECS = 60

@@ -15,11 +15,9 @@ the checkpoint location (``worker.statestore``; crc32 partitions fixed for
 the job's life). Side inputs are all their PCollection produced so far.
 
 After each batch the driver commits it (``spark.checkpoints``), then the
-bundles waiting for that commit are finalized; a driver started again with
-the same pipeline and location resumes after the last committed batch.
-Cancel fails the running batch at its next Spark action, ``stop`` lets it
-commit (``Query`` only ever stops an idle query). Once the sources are
-exhausted, watermarks and processing time go to +inf.
+bundles waiting for it are finalized; a driver started again with the same
+pipeline and location resumes after the last committed batch. Cancel fails
+the running batch at its next Spark action, ``stop`` lets it commit.
 """
 
 from __future__ import annotations
@@ -112,9 +110,15 @@ class StreamingPipelineJob(SparkPipelineJob):
   def describe(self) -> str:
     return f'Spark {self.sc.master}, streaming'
 
+  def _release_harnesses(self) -> None:
+    if not getattr(self._query, 'starting', True):  # else no stage ran here
+      super()._release_harnesses()
+
   def stop(self) -> None:
-    """Stops the job once the running micro-batch has committed."""
+    """Stops the job after its running micro-batch commits (at once before)."""
     self._stop = True
+    if getattr(self._query, 'starting', True):
+      self.cancel()
 
   def streaming_status(self) -> dict:
     """Watermarks, live restrictions and the last micro-batches, for the
@@ -149,14 +153,11 @@ class StreamingPipelineJob(SparkPipelineJob):
         self._graph.input_watermark(node), self._graph.output_watermark(node),
         self._arrival, self._now)
 
-  def _side_watermarks(self, stage: StagePlan) -> dict:
-    return self._nodes.side_watermarks(stage)
-
   def _retry_held(self, stage: StagePlan) -> bool:
     """Whether a stage holds main input its side inputs may now be ready
     for (their watermarks moved since it was held)."""
     return bool(self._held.get(stage.name)) and (
-        tuple(sorted(self._side_watermarks(stage).items())) !=
+        tuple(sorted(self._nodes.side_watermarks(stage).items())) !=
         self._held_at.get(stage.name))
 
   def _pending(self) -> bool:
@@ -205,12 +206,10 @@ class StreamingPipelineJob(SparkPipelineJob):
                                        self._teststream), log=self.log)
     try:
       self._query.run()
-    except Exception:  # pylint: disable=broad-except
+    finally:  # stopped between micro-batches: as cancelled then
+      if self._stop:
+        self._cancelled.set()
       self._check_cancelled()
-      raise
-    if self._stop:  # stopped between micro-batches: as cancelled then
-      self._cancelled.set()
-    self._check_cancelled()
     # The sources are exhausted: whatever processing-time timers wait for
     # fires now, as at the end of a batch job.
     self._now = MAX_MICROS
@@ -418,7 +417,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     states = self._keyed.chains(node) if stage.stateful else None
     side_watermarks = None
     if stage.side_inputs and not stage.stateful:
-      side_watermarks = self._side_watermarks(stage)
+      side_watermarks = self._nodes.side_watermarks(stage)
       self._held_at[node] = tuple(sorted(side_watermarks.items()))
     limits = self._reads.limits(node)
     wave = tasks.StreamWave(node, self._clocks(node), states,
