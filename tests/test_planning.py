@@ -368,3 +368,48 @@ def test_a_global_combines_grouping_has_one_key_in_batch_only():
   # A GroupByKey of keys the user made None is not known to have one key.
   streamed = plan_pipeline(proto, streaming=True).groups.values()
   assert streamed and not any(g.one_key for g in streamed)
+
+
+def _reshuffle_of(proto):
+  (found,) = [t for t in proto.components.transforms.values()
+              if t.spec.urn == common_urns.composites.RESHUFFLE.urn]
+  return found
+
+
+def _with_sdk(proto, transform, image):
+  """``transform``'s leaves in an environment of Beam's ``image``."""
+  env = beam_runner_api_pb2.Environment(
+      urn=common_urns.environments.DOCKER.urn,
+      payload=beam_runner_api_pb2.DockerPayload(
+          container_image=image).SerializeToString(),
+      capabilities=[f'beam:version:sdk_base:{image}'])
+  proto.components.environments['sdk_env'].CopyFrom(env)
+  stack = list(transform.subtransforms)
+  while stack:
+    sub = proto.components.transforms[stack.pop()]
+    if sub.environment_id:
+      sub.environment_id = 'sdk_env'
+    stack.extend(sub.subtransforms)
+
+
+def test_only_javas_keyed_reshuffle_keeps_keys_together():
+  """Java's Reshuffle.of carries the URN on a keyed GroupByKey expansion
+  (its WriteFiles relies on a key's elements reaching one bundle);
+  Python's and Go's on their random-key form."""
+  from beam_pyspark.planning import reshuffles
+  proto = _proto(lambda p: (
+      p | beam.Create([('k', 1), ('j', 2)], reshuffle=False) | beam.Reshuffle()
+      | beam.Map(print)))
+  reshuffle = _reshuffle_of(proto)
+  assert not reshuffles.keeps_keys(proto.components, reshuffle)
+  _with_sdk(proto, reshuffle, 'apache/beam_go_sdk:2.62.0')
+  assert not reshuffles.keeps_keys(proto.components, reshuffle)
+  _with_sdk(proto, reshuffle, 'apache/beam_java17_sdk:2.62.0')
+  assert reshuffles.keeps_keys(proto.components, reshuffle)
+  # Not a KV: nothing to keep together, whatever the SDK.
+  plain = _proto(lambda p: (
+      p | beam.Create([1, 2], reshuffle=False) | beam.Reshuffle()
+      | beam.Map(print)))
+  plain_reshuffle = _reshuffle_of(plain)
+  _with_sdk(plain, plain_reshuffle, 'apache/beam_java17_sdk:2.62.0')
+  assert not reshuffles.keeps_keys(plain.components, plain_reshuffle)
