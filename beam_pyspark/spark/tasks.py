@@ -41,6 +41,7 @@ from beam_pyspark.worker.runtime import job_runtime
 from beam_pyspark.worker.runtime import use_job_options
 from beam_pyspark.worker import endpoints
 from beam_pyspark.worker import finalization
+from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker import statestore
 from beam_pyspark.worker import streaming
 from beam_pyspark.worker.state import StoredState
@@ -357,11 +358,15 @@ class RunStage:
         if ctx.held is not None and (harnesses.holds(ctx.job_id) or
                                      finalization.pending(ctx.job_id)):
           ctx.held.add([release.worker_id()])
-      except Exception:
+      except Exception as exn:
         # PySpark ends this Python worker once the task has failed, with
         # os._exit: its out-of-process harnesses must end their streams now
         # (worker.harnesses.stop_all).
         harnesses.stop_all()
+        if isinstance(exn, InputFailed):
+          # The stage feeding this one failed: the task fails with its
+          # error, as it raised it (worker.inputs).
+          raise exn.cause  # pylint: disable=raise-missing-from
         raise
       finally:
         # The pages of groups this stage consumed (worker.shuffle.paging).

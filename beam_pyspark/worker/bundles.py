@@ -45,6 +45,8 @@ from beam_pyspark.worker import sequence
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.elements import split_elements
+from beam_pyspark.worker.inputs import Guarded
+from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.state import PerTaskState
 from beam_pyspark.worker.state import StateBackend
@@ -157,6 +159,9 @@ class StageRunner:
           self.on_finish(TaskResult([], 0))
         return
       inputs = itertools.chain([first], inputs)
+    # What the stage before this one in the task produces: its failure is
+    # not this stage's to wrap or recover from (worker.inputs).
+    inputs = Guarded(inputs)
     h = self._acquire_harness()
     self._harness = h
     self._descriptor = h.descriptor_for(self.stage.name, self.stage.descriptor)
@@ -207,6 +212,8 @@ class StageRunner:
           break
         yield from self._bundle({}, due)
       succeeded = True
+    except InputFailed:
+      raise  # the producer's failure; this stage's harness is sound
     except PipelineExecutionError:
       self._discard_harness()
       raise

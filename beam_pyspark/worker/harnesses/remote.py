@@ -41,6 +41,7 @@ from beam_pyspark.worker.harnesses.base import name_channel_splits
 from beam_pyspark.worker.harnesses.base import send_input
 from beam_pyspark.worker.harnesses.servers import Manager
 from beam_pyspark.worker.harnesses.servers import ProcessWorkerHandler
+from beam_pyspark.worker.harnesses.servers import TAIL_WAIT_SECS
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -176,10 +177,7 @@ class RemoteHarness:
       if monitor is not None:
         monitor.join()
     if dead:
-      raise self._lost_error()(
-          f'{dead[0]} while running bundle {iid} of job {self.job_id} '
-          f'(environment {self.environment_id!r}, {self.environment.urn}). '
-          'Check the harness command and its log above.')
+      raise self._lost(dead[0], f'bundle {iid}')
     response = self._wait(future, iid)
     self.last_used = time.monotonic()
     return CollectedBundle(iid, response, outputs)
@@ -279,6 +277,34 @@ class RemoteHarness:
     return (f'the SDK harness never connected to the runner in {waited:.0f}s '
             '(check its command or worker pool, and its log)')
 
+  def _lost(self, reason: str, what: str) -> PipelineExecutionError:
+    """The error of a harness gone (``reason``: ``dead``'s) while it ran
+    ``what``. Its first line ends with the harness's own last words (a
+    boot's message, an exception), its last lines of stderr follow: they
+    reach the job's messages with it, where the executor's stderr (a job
+    server's, a cluster's executor logs) is not at hand."""
+    lines = self.last_lines()
+    text = (f'{reason} while running {what} of job {self.job_id} '
+            f'(environment {self.environment_id!r}, {self.environment.urn})')
+    words = last_words(lines)
+    if words:
+      text += f': {words}'
+    if lines:
+      text += ('\nIts last lines on stderr:\n' +
+               '\n'.join(f'  {line}' for line in lines))
+    else:
+      text += '. Check the harness command and its log.'
+    return self._lost_error()(text)
+
+  def last_lines(self) -> list[str]:
+    """What a PROCESS harness last wrote to its stderr (none for others:
+    an EXTERNAL harness's output is its worker pool's)."""
+    handler = self.handler
+    if not isinstance(handler, ProcessWorkerHandler):
+      return []
+    exited = handler.process is not None and handler.process.poll() is not None
+    return handler.last_lines(TAIL_WAIT_SECS if exited else 0.0)
+
   def _lost_error(self) -> type:
     """How a harness that went away fails its bundle: HarnessLostError
     (run once more on a new harness) unless it never connected when its
@@ -302,9 +328,7 @@ class RemoteHarness:
         return future.get()
       reason = self.dead()
       if reason:
-        raise self._lost_error()(
-            f'{reason} while running instruction {iid} of job {self.job_id} '
-            f'(environment {self.environment_id!r}).')
+        raise self._lost(reason, f'instruction {iid}')
 
   def shutdown(self) -> None:
     try:
@@ -328,6 +352,15 @@ def _control_stream_ended(handler) -> Optional[str]:
     return ('the SDK harness closed its control stream (it stopped, or '
             'lost its connection to the runner)')
   return None
+
+
+def last_words(lines: list[str]) -> str:
+  """The line of a harness's last output that says why it went: the last
+  one not indented (a stack trace's frames are), else the last one."""
+  shown = [line.strip() for line in lines if line.strip()]
+  said = [line.strip() for line in lines
+          if line.strip() and not line[:1].isspace()]
+  return (said or shown or [''])[-1]
 
 
 def _read_index(infos, input_id: str) -> Optional[int]:
