@@ -52,6 +52,9 @@ LOG_WAIT_MAX_SECS = 1.0
 # How long a harness may take to open its control stream once started (a
 # JVM loading a pipeline's classpath on a loaded machine takes tens of
 # seconds). The variable is for tests, which cannot wait that long.
+# How long a bundle whose data stream closed waits for the harness process
+# to be seen gone, so that its failure says how it went.
+PROCESS_EXIT_SECS = 1.0
 CONNECT_TIMEOUT_SECS = float(
     os.environ.get('BEAM_PYSPARK_HARNESS_CONNECT_SECS', '180'))
 
@@ -168,6 +171,10 @@ class RemoteHarness:
       if 'Channel closed prematurely' not in str(exn):
         raise
       # The harness's data stream ended under the bundle: it went away.
+      # Its process's end, if it ended, says how (a signal, an exit code).
+      reason = self._dead_within(PROCESS_EXIT_SECS)
+      if reason:
+        raise self._lost(reason, f'bundle {iid}') from exn
       raise HarnessLostError(
           f'the SDK harness closed its data stream while running bundle '
           f'{iid} of job {self.job_id} (environment {self.environment_id!r}'
@@ -295,6 +302,16 @@ class RemoteHarness:
     else:
       text += '. Check the harness command and its log.'
     return self._lost_error()(text)
+
+  def _dead_within(self, secs: float) -> Optional[str]:
+    """``dead()``, looked at again for up to ``secs`` (a process whose
+    streams just closed is reaped a moment later)."""
+    deadline = time.monotonic() + secs
+    while True:
+      reason = self.dead()
+      if reason or time.monotonic() >= deadline:
+        return reason
+      time.sleep(0.05)
 
   def last_lines(self) -> list[str]:
     """What a PROCESS harness last wrote to its stderr (none for others:
