@@ -151,17 +151,16 @@ class StageRunner:
 
   def run(self, inputs: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
     """Yields (output transform id, encoded chunk) for every DATA_OUTPUT."""
+    # What the stage before this one in the task produces: its failure is
+    # not this stage's to wrap or recover from (worker.inputs).
+    inputs = Guarded(inputs)
     if self._batch:  # No input, no bundle: no harness (an empty partition).
-      inputs = iter(inputs)
       first = next(inputs, None)
       if first is None:
         if self.on_finish is not None:
           self.on_finish(TaskResult([], 0))
         return
       inputs = itertools.chain([first], inputs)
-    # What the stage before this one in the task produces: its failure is
-    # not this stage's to wrap or recover from (worker.inputs).
-    inputs = Guarded(inputs)
     h = self._acquire_harness()
     self._harness = h
     self._descriptor = h.descriptor_for(self.stage.name, self.stage.descriptor)
