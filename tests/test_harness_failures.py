@@ -212,3 +212,57 @@ def test_a_harness_that_never_connects_fails_the_job_in_bounded_time(
   assert first.endswith(
       'test harness: waiting for a network that is not there'), first
   assert CONNECT_SECS <= took < JOB_SECS
+
+
+# -- the fast path fed by a stage that fails (no Spark, no job server) --------
+
+
+def _tag_from(n):
+  def tag(x):
+    from apache_beam.pvalue import TaggedOutput
+    return [TaggedOutput('other', x)] if x >= n else [x]
+  return tag
+
+
+@pytest.mark.parametrize('after, fall_back_at', [
+    (0, None),  # the producer fails before its first output
+    (3, None),  # ... after some
+    (3, 20),  # the loop handed the rest to the harness first
+], ids=['at-once', 'midway', 'after-a-fallback'])
+def test_a_fast_path_stage_whose_input_fails_fails_with_that_error(
+    after, fall_back_at):
+  """Before: the loop took its input's failure for its own, handed the
+  harness the records it had kept and the harness read on from a producer
+  that had ended: an empty or short partition, no error."""
+  from beam_pyspark.worker import fastpath
+  from beam_pyspark.worker import harnesses
+  from beam_pyspark.worker.harnesses import HarnessLostError
+  from beam_pyspark.worker.inputs import InputFailed
+  from fast_stages import Planned
+
+  fn = _tag_from(fall_back_at) if fall_back_at is not None else (
+      lambda x: x + 1)
+  stage = Planned(lambda p: (
+      p | beam.Create(range(600)) | beam.Reshuffle()
+      | 'Suspect' >> beam.Map(fn) | beam.Map(lambda x: (x % 7, x))
+      | beam.CombinePerKey(sum)), label='Suspect', inputs=range(600),
+                  bundle_bytes=256)
+  assert len(stage.inputs) > after + 2
+
+  def producer():
+    yield from stage.inputs[:after]
+    raise HarnessLostError('the upstream harness went away (test)')
+
+  fast = fastpath.FastStage(stage.runtime, stage.stage, stage.spec,
+                            stage.groups, stage.sides,
+                            bundle_bytes=stage.bundle_bytes)
+  try:
+    with pytest.raises(InputFailed) as info:
+      for _ in fast.run(producer(), stage.harness, lambda result: None):
+        pass
+  finally:
+    harnesses.release_job(stage.job_id)
+  assert isinstance(info.value.cause, HarnessLostError)
+  assert 'the upstream harness went away (test)' in str(info.value.cause)
+  if fall_back_at is not None:
+    assert fast.handover.fallback is not None
