@@ -39,11 +39,17 @@ CONNECT_SECS = 20
 JOB_SECS = 240
 
 
+# A connected harness answering nothing is given up after this long (the
+# default, 600 s, leaves a harness busy in a JVM's full collections alone).
+UNRESPONSIVE_SECS = 15
+
+
 @pytest.fixture(scope='module')
 def server(tmp_path_factory):
   server = JobServerProcess(
       tmp_path_factory.mktemp('harness-failures') / 'artifacts',
-      env={'BEAM_PYSPARK_HARNESS_CONNECT_SECS': str(CONNECT_SECS)})
+      env={'BEAM_PYSPARK_HARNESS_CONNECT_SECS': str(CONNECT_SECS),
+           'BEAM_PYSPARK_HARNESS_UNRESPONSIVE_SECS': str(UNRESPONSIVE_SECS)})
   try:
     yield server
   finally:
@@ -212,6 +218,47 @@ def test_a_harness_that_never_connects_fails_the_job_in_bounded_time(
   assert first.endswith(
       'test harness: waiting for a network that is not there'), first
   assert CONNECT_SECS <= took < JOB_SECS
+
+
+# A "harness" that opens its control stream, reads the runner's requests
+# and answers none of them.
+SILENT_HARNESS = """
+import sys
+import threading
+import grpc
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
+flags = dict(a[2:].split('=', 1) for a in sys.argv[1:] if '=' in a)
+print('silent harness (test): connected, and answering nothing',
+      file=sys.stderr, flush=True)
+channel = grpc.insecure_channel(flags['control_endpoint'])
+never = threading.Event()
+def answers():
+  never.wait()
+  yield from ()
+for request in beam_fn_api_pb2_grpc.BeamFnControlStub(channel).Control(
+    answers(), metadata=[('worker_id', flags['id'])]):
+  pass
+"""
+
+
+def test_a_harness_that_connects_and_never_answers_fails_the_job(
+    server, tmp_path):
+  script = tmp_path / 'silent.py'
+  script.write_text(SILENT_HARNESS)
+  out = str(tmp_path / 'out' / 'lines')
+  state, messages, took = _run(
+      server, _pipeline(out, lambda x: x + '!',
+                        f'{sys.executable} {script}', whole=False),
+      'never-answers')
+  texts = [m.message_text for m in messages]
+  # Before: RUNNING until the test gave up waiting (no bound applied).
+  assert state == JobState.FAILED, (JobState.Enum.Name(state), texts)
+  assert _lines(out) == []
+  first = _error(messages).splitlines()[0]
+  assert 'answered no request of the runner' in first, first
+  assert first.endswith(
+      'silent harness (test): connected, and answering nothing'), first
+  assert UNRESPONSIVE_SECS <= took < JOB_SECS
 
 
 # -- the fast path fed by a stage that fails (no Spark, no job server) --------

@@ -55,6 +55,12 @@ LOG_WAIT_MAX_SECS = 1.0
 # How long a bundle whose data stream closed waits for the harness process
 # to be seen gone, so that its failure says how it went.
 PROCESS_EXIT_SECS = 1.0
+# A harness that answers none of the runner's requests for so long while
+# a bundle waits on it is given up as hung (probed every PROBE_SECS). The
+# variable is for tests.
+UNRESPONSIVE_SECS = float(
+    os.environ.get('BEAM_PYSPARK_HARNESS_UNRESPONSIVE_SECS', '600'))
+PROBE_SECS = min(30.0, UNRESPONSIVE_SECS / 3)
 CONNECT_TIMEOUT_SECS = float(
     os.environ.get('BEAM_PYSPARK_HARNESS_CONNECT_SECS', '180'))
 
@@ -92,11 +98,16 @@ class RemoteHarness:
         state)
     self.started = time.monotonic()
     self.never_connected = False
+    # The harness's liveness while a bundle waits on it (_unresponsive).
+    self._probe = None  # (ControlFuture, sent at) of the probe in flight
+    self._probed = time.monotonic()
+    self._hung: Optional[str] = None
     self.handler = self.manager.start(environment_id)
     self.runner_side = self.handler.data_conn
     self._descriptors: dict[str, beam_fn_api_pb2.ProcessBundleDescriptor] = {}
     self.last_split = None
     self.last_used = time.monotonic()
+    self._bundle: Optional[str] = None  # the bundle waiting on the harness
 
   # -- the Harness interface (worker.harnesses.base) --------------------------
 
@@ -143,6 +154,7 @@ class RemoteHarness:
           target=self._split_straggler, args=(iid, split, finished),
           name=f'split-{iid}', daemon=True)
     conn = self.runner_side
+    self._bundle, self._probed = iid, time.monotonic()
     send_input(conn, iid, data, timers)
     future = self.handler.control_conn.push(
         beam_fn_api_pb2.InstructionRequest(
@@ -168,6 +180,7 @@ class RemoteHarness:
     try:
       outputs = list(conn.input_elements(iid, expected, abort_callback=abort))
     except RuntimeError as exn:
+      self._bundle = self._probe = None
       if 'Channel closed prematurely' not in str(exn):
         raise
       # The harness's data stream ended under the bundle: it went away.
@@ -183,9 +196,14 @@ class RemoteHarness:
       finished.set()
       if monitor is not None:
         monitor.join()
+      if dead:
+        self._bundle = self._probe = None
     if dead:
       raise self._lost(dead[0], f'bundle {iid}')
-    response = self._wait(future, iid)
+    try:
+      response = self._wait(future, iid)
+    finally:
+      self._bundle = self._probe = None
     self.last_used = time.monotonic()
     return CollectedBundle(iid, response, outputs)
 
@@ -266,7 +284,47 @@ class RemoteHarness:
     thread = getattr(handler, 'worker_thread', None)
     if thread is not None and not thread.is_alive():
       return 'the SDK harness stopped'
-    return _control_stream_ended(handler) or self._never_connected()
+    return (_control_stream_ended(handler) or self._never_connected() or
+            self._unresponsive())
+
+  def _unresponsive(self) -> Optional[str]:
+    """Why the harness is given up as hung, if it has answered none of
+    the runner's requests for UNRESPONSIVE_SECS although connected: while
+    a bundle waits on it, a progress request goes every PROBE_SECS, and
+    Beam's harnesses (Python, Java, Go, TypeScript) answer those while
+    their bundle's code runs, with progress or an error. One that answers
+    nothing is deadlocked, or out of memory, or not a harness at all, and
+    its bundle would otherwise wait for ever: no bound but this one applies
+    to a harness that connected (the job stayed RUNNING for minutes, no
+    message, issue 39)."""
+    if self._hung is not None:
+      return self._hung
+    conn = getattr(self.handler, 'control_conn', None)
+    reader = getattr(conn, '_read_thread', None)
+    if reader is None or reader.ident is None or self._bundle is None:
+      return None  # not connected (_never_connected's), or nothing runs
+    now = time.monotonic()
+    if self._probe is not None:
+      future, sent = self._probe
+      if future.is_done() or future._exception is not None:  # pylint: disable=protected-access
+        self._probe = None
+      elif now - sent >= UNRESPONSIVE_SECS:
+        self._hung = (
+            f'the SDK harness answered no request of the runner in '
+            f'{now - sent:.0f}s (it is connected, but hung: deadlocked, out '
+            'of memory, or not an SDK harness)')
+        return self._hung
+      return None
+    if now - self._probed >= PROBE_SECS:
+      self._probed = now
+      try:
+        self._probe = (conn.push(beam_fn_api_pb2.InstructionRequest(
+            instruction_id=self.next_instruction_id(),
+            process_bundle_progress=beam_fn_api_pb2.
+            ProcessBundleProgressRequest(instruction_id=self._bundle))), now)
+      except Exception:  # pylint: disable=broad-except
+        _LOGGER.debug('Could not probe the harness', exc_info=True)
+    return None
 
   def _never_connected(self) -> Optional[str]:
     """Why the harness is given up for never connecting, if it has not
