@@ -99,6 +99,36 @@ def test_wordcount_process_boots_the_staged_binary(
   assert counts == expected
 
 
+def test_a_go_worker_that_cannot_start_fails_the_job_with_its_words(
+    server, text, tmp_path):
+  """The staged worker binary says why it cannot run and exits 3: the job
+  FAILS with that line first in its error, which Go's client shows, and
+  writes nothing (never DONE with fewer records)."""
+  worker = tmp_path / 'worker.sh'
+  worker.write_text('#!/bin/sh\n'
+                    'echo "go worker (test): no pipeline in this binary" >&2\n'
+                    'exit 3\n')
+  worker.chmod(0o755)
+  out = str(tmp_path / 'counts.txt')
+  config = json.dumps({'command': _boot_command()})
+  proc = subprocess.run(
+      [go_sdk.program('wordcount'), f'--input={text}', f'--output={out}',
+       *go_sdk.portable_args(server.job_endpoint, 'PROCESS', config),
+       f'--worker_binary={worker}'],
+      capture_output=True, text=True, timeout=300, check=False,
+      env={**os.environ, 'TMPDIR': str(tmp_path)})
+  assert proc.returncode != 0, proc.stderr[-6000:]
+  assert 'state: FAILED' in proc.stderr, proc.stderr[-6000:]
+  failures = [line for line in proc.stderr.splitlines()
+                 if 'level=ERROR' in line and 'exited with code 3' in line]
+  # (Go's client logs the job's messages with newlines escaped.)
+  assert len(failures) == 1, proc.stderr[-6000:]
+  first = failures[0].split('\\n')[0]
+  assert first.endswith('go worker (test): no pipeline in this binary'), (
+      failures[0])
+  assert not os.path.exists(out)
+
+
 # -- the boot's parts, without a runner ----------------------------------------
 
 

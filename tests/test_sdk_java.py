@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 import urllib.request
 
 import pytest
@@ -118,6 +119,49 @@ def test_wordcount_in_javas_default_docker_environment(
   assert counts == direct_counts
   detail = jobs_detail(local_server)
   assert 'java, process' in detail, detail[-3000:]
+
+
+def test_a_java_harness_that_cannot_boot_fails_the_job_with_the_boots_words(
+    local_server, wordcount_input, tmp_path):
+  """The staged jars hold no harness jar: the job FAILS, the boot's reason
+  the first line of its error, in its messages and in the Java client's
+  exception (issue 40: the error said only 'exited with code 1 ... Check
+  the harness command and its log above', the reason was on the job
+  server's stderr)."""
+  from apache_beam.portability.api import beam_job_api_pb2
+  from java_sdk import classpath
+  from java_sdk import java
+  staged = [jar for jar in classpath().split(os.pathsep)
+            if not os.path.basename(jar).startswith('beam-sdks-java-harness')]
+  stub = local_server.job_stub
+  before = {j.job_id for j in stub.GetJobs(
+      beam_job_api_pb2.GetJobsRequest()).job_info}
+  out = tmp_path / 'out'
+  proc = subprocess.run([
+      java(), '-cp', classpath(), WORDCOUNT,
+      f'--inputFile={wordcount_input}', f'--output={out}/counts',
+      '--runner=PortableRunner',
+      f'--jobEndpoint={local_server.job_endpoint}',
+      '--defaultEnvironmentType=PROCESS',
+      '--defaultEnvironmentConfig='
+      '{"command": "python -m beam_pyspark.boot java"}',
+      '--filesToStage=' + ','.join(staged)],
+      capture_output=True, text=True, timeout=300, check=False)
+  reason = 'The staged jars have no beam-sdks-java-harness jar'
+  assert proc.returncode != 0, proc.stderr[-3000:]
+  assert reason in proc.stderr, proc.stderr[-3000:]
+  (job, ) = [j for j in stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
+             if j.job_id not in before]
+  assert job.state == beam_job_api_pb2.JobState.FAILED
+  errors = [
+      r.message_response.message_text for r in stub.GetMessageStream(
+          beam_job_api_pb2.JobMessagesRequest(job_id=job.job_id), timeout=60)
+      if r.HasField('message_response') and r.message_response.importance ==
+      beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_ERROR]
+  assert len(errors) == 1, errors
+  first = errors[0].splitlines()[0]
+  assert 'exited with code 1' in first and reason in first, errors[0]
+  assert not glob.glob(f'{out}/counts*')
 
 
 @pytest.fixture(scope='module')

@@ -10,6 +10,8 @@ import re
 from typing import Optional
 
 from beam_pyspark.errors import PipelineExecutionError
+# Its errors are among those a failed task's traceback ends with.
+from beam_pyspark.worker import harnesses as _harnesses  # pylint: disable=unused-import
 
 
 def group_budget(sc, group_memory_mb: Optional[int] = None) -> int:
@@ -64,10 +66,23 @@ def spark_failure_message(exn: BaseException) -> str:
   # Spark's error class adds its SQL state after the Python traceback.
   python_part = re.sub(r'\s*SQLSTATE: \w+$', '', python_part).rstrip()
   # A failure inside a stage: what follows the marker is the harness's error,
-  # which names the failing step and holds the user's traceback; PySpark's
-  # own frames before it are noise.
-  marker = PipelineExecutionError.__module__ + '.PipelineExecutionError: '
-  at = python_part.rfind(marker)
-  if at >= 0:
-    return python_part[at + len(marker):]
+  # which names the failing step and holds the user's traceback (or, of a
+  # harness that went away, its last words); PySpark's own frames before it
+  # are noise.
+  found = max(((python_part.rfind(marker), marker) for marker in _markers()),
+              default=(-1, ''))
+  if found[0] >= 0:
+    return python_part[found[0] + len(found[1]):]
   return python_part
+
+
+def _markers() -> list[str]:
+  """How a traceback names PipelineExecutionError and its subclasses
+  (``worker.harnesses.HarnessLostError``: a harness gone, whose message
+  is the first line the job's failure should show)."""
+  classes, todo = [], [PipelineExecutionError]
+  while todo:
+    cls = todo.pop()
+    classes.append(cls)
+    todo.extend(cls.__subclasses__())
+  return [f'{cls.__module__}.{cls.__qualname__}: ' for cls in classes]

@@ -41,6 +41,7 @@ from beam_pyspark.worker.runtime import job_runtime
 from beam_pyspark.worker.runtime import use_job_options
 from beam_pyspark.worker import endpoints
 from beam_pyspark.worker import finalization
+from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker import statestore
 from beam_pyspark.worker import streaming
 from beam_pyspark.worker.state import StoredState
@@ -335,6 +336,7 @@ class RunStage:
           bundle_bytes=ctx.bundle_bytes).run(records, stage_runner, report)
     else:
       outputs = stage_runner(stage, report).run(records)
+    failed = None
     with capture_logs(ctx.log_level, ctx.log_overrides) as captured:
       try:
         for transform_id, chunk in outputs:
@@ -357,6 +359,12 @@ class RunStage:
         if ctx.held is not None and (harnesses.holds(ctx.job_id) or
                                      finalization.pending(ctx.job_id)):
           ctx.held.add([release.worker_id()])
+      except InputFailed as exn:
+        # The stage feeding this one failed: the task fails with its error
+        # as it raised it (worker.inputs), raised below, out of this
+        # handler, so that its traceback is its own.
+        harnesses.stop_all()
+        failed = exn.cause
       except Exception:
         # PySpark ends this Python worker once the task has failed, with
         # os._exit: its out-of-process harnesses must end their streams now
@@ -370,6 +378,8 @@ class RunStage:
         # error (with the user's traceback) reaches the job another way.
         if ctx.logs is not None:
           ctx.logs.add(captured.entries())
+    if failed is not None:
+      raise failed
 
 
 def _defer(ctx: TaskContext, batch: int, harness, instruction_id: str):

@@ -13,5 +13,7 @@ micro-batches tomorrow.
   element encoding, the job's decoded components, bounded-source splits;
 - ``shuffle/``: the GroupByKey's records and spills, the reduce side's
   grouping and the paging of large groups to the harness;
-- ``setup/``: the job's staged dependencies and log capture.
+- ``setup/``: the job's staged dependencies and log capture;
+- ``inputs``: a stage's input read so that a failure of the stage feeding
+  it in the same task fails the task, never passes for the input's end.
 """

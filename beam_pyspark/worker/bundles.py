@@ -45,6 +45,9 @@ from beam_pyspark.worker import sequence
 from beam_pyspark.worker.elements import decode_all
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.elements import split_elements
+from beam_pyspark.worker.harnesses.base import transport_failure
+from beam_pyspark.worker.inputs import Guarded
+from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker.runtime import JobRuntime
 from beam_pyspark.worker.state import PerTaskState
 from beam_pyspark.worker.state import StateBackend
@@ -61,24 +64,6 @@ MAX_RESUME_DELAY_SECS = 0.5
 # Output records of a stage that carry work split off a straggling bundle,
 # to be run again in another task: (RESIDUAL_TAG, (input id, element)).
 RESIDUAL_TAG = '\x00residual'
-
-
-_TRANSPORT_FAILURES = (
-    'Channel closed prematurely', 'failed to connect to all addresses',
-    'Stream removed (Socket closed)')
-
-
-def _transport_failure(error: str) -> bool:
-  """A harness's error that is its Fn API channel failing, not user code."""
-  return any(marker in error for marker in _TRANSPORT_FAILURES)
-
-
-def _transport_line(error: str) -> str:
-  """The line of a harness's error that names the channel's failure."""
-  for line in error.splitlines():
-    if any(marker in line for marker in _TRANSPORT_FAILURES):
-      return line.strip()
-  return error.strip().splitlines()[-1]
 
 
 @dataclasses.dataclass
@@ -149,8 +134,10 @@ class StageRunner:
 
   def run(self, inputs: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
     """Yields (output transform id, encoded chunk) for every DATA_OUTPUT."""
+    # What the stage before this one in the task produces: its failure is
+    # not this stage's to wrap or recover from (worker.inputs).
+    inputs = Guarded(inputs)
     if self._batch:  # No input, no bundle: no harness (an empty partition).
-      inputs = iter(inputs)
       first = next(inputs, None)
       if first is None:
         if self.on_finish is not None:
@@ -208,6 +195,8 @@ class StageRunner:
           break
         yield from self._bundle({}, due)
       succeeded = True
+    except InputFailed:
+      raise  # the producer's failure; this stage's harness is sound
     except PipelineExecutionError:
       self._discard_harness()
       raise
@@ -428,8 +417,7 @@ class StageRunner:
             self._descriptor, iid, inputs, fired_timers, self._expected,
             split=self._split, cache_token=self._cache_token)
         error = output.response.error
-        lost = (_transport_line(error)
-                if error and _transport_failure(error) else None)
+        lost = transport_failure(error) if error else None
       except harnesses.HarnessLostError as exn:
         lost = str(exn)
       if lost is not None:

@@ -71,6 +71,7 @@ from beam_pyspark.worker.fastpath.fallback import Handover
 from beam_pyspark.worker.fastpath.fallback import side_values
 from beam_pyspark.worker.fastpath.metrics import StepMetrics
 from beam_pyspark.worker.fastpath.metrics import Tracker
+from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker.reads import read_split
 from beam_pyspark.worker.runtime import JobRuntime
 
@@ -332,8 +333,12 @@ class FastStage:
         yield item
     except chains.Fallback as exn:
       fallback = exn
+    except InputFailed:
+      # The stage feeding this one failed: no fallback reads on after it
+      # (worker.inputs), the task fails with its error.
+      raise
     except Exception as exn:  # pylint: disable=broad-except
-      # Reading the input failed (the source, a decoder, a side input).
+      # Decoding the input failed, or a side input's view.
       fallback = chains.Fallback(chains.UNCLEAN, None, None, exn)
     if tracker is not None:
       tracker.drop()

@@ -37,6 +37,8 @@ from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.worker.bundles import TaskResult
 from beam_pyspark.worker.elements import encode_stream
 from beam_pyspark.worker.fastpath import chain as chains
+from beam_pyspark.worker.inputs import Guarded
+from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker.reads import read_split
 
 _LOGGER = logging.getLogger(__name__)
@@ -46,12 +48,23 @@ HarnessFactory = Callable[[StagePlan, Callable[[TaskResult], None]], object]
 
 
 class Replay:
-  """The task's input records, kept while they fit in ``budget`` bytes."""
+  """The task's input records, kept while they fit in ``budget`` bytes.
+
+  A failure of the input (its producer's, ``worker.inputs``) is raised as
+  ``InputFailed``, and again by any later read and by ``again``: handed
+  over as the loop's own failure, the harness was fed the records kept
+  before it and nothing after (the producer's generator had ended), and a
+  lost harness upstream became an empty partition in a job that ended
+  DONE (issue 39)."""
   def __init__(self, records: Iterable, budget: int):
-    self._records = iter(records)
+    self._records = Guarded(records)
     self._budget = budget
     self._size = 0
     self.kept: Optional[list] = []
+
+  @property
+  def failed(self) -> Optional[BaseException]:
+    return self._records.failed
 
   def __iter__(self):
     for record in self._records:
@@ -64,6 +77,8 @@ class Replay:
 
   def again(self) -> Optional[Iterator]:
     """Every record from the first, or None if some were not kept."""
+    if self.failed is not None:
+      raise InputFailed(self.failed) from self.failed
     if self.kept is None:
       return None
     return itertools.chain(list(self.kept), self._records)

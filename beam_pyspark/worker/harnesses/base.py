@@ -29,6 +29,20 @@ class HarnessLostError(PipelineExecutionError):
   may run once more on a new harness."""
 
 
+_TRANSPORT_FAILURES = (
+    'Channel closed prematurely', 'failed to connect to all addresses',
+    'Stream removed (Socket closed)')
+
+
+def transport_failure(error: str) -> Optional[str]:
+  """If a harness's error is its Fn API channel failing, not user code:
+  the line of it that names the channel's failure."""
+  for line in error.splitlines():
+    if any(marker in line for marker in _TRANSPORT_FAILURES):
+      return line.strip()
+  return None
+
+
 class BundleOutput(Protocol):
   """What a harness's ``process_bundle`` returns.
 

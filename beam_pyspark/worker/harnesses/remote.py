@@ -42,6 +42,7 @@ from beam_pyspark.worker.harnesses.base import name_channel_splits
 from beam_pyspark.worker.harnesses.base import send_input
 from beam_pyspark.worker.harnesses.servers import Manager
 from beam_pyspark.worker.harnesses.servers import ProcessWorkerHandler
+from beam_pyspark.worker.harnesses.servers import TAIL_WAIT_SECS
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -52,6 +53,15 @@ LOG_WAIT_MAX_SECS = 1.0
 # How long a harness may take to open its control stream once started (a
 # JVM loading a pipeline's classpath on a loaded machine takes tens of
 # seconds). The variable is for tests, which cannot wait that long.
+# How long a bundle whose data stream closed waits for the harness process
+# to be seen gone, so that its failure says how it went.
+PROCESS_EXIT_SECS = 1.0
+# A harness that answers none of the runner's requests for so long while
+# a bundle waits on it is given up as hung (probed every PROBE_SECS). The
+# variable is for tests.
+UNRESPONSIVE_SECS = float(
+    os.environ.get('BEAM_PYSPARK_HARNESS_UNRESPONSIVE_SECS', '600'))
+PROBE_SECS = min(30.0, UNRESPONSIVE_SECS / 3)
 CONNECT_TIMEOUT_SECS = float(
     os.environ.get('BEAM_PYSPARK_HARNESS_CONNECT_SECS', '180'))
 
@@ -89,11 +99,16 @@ class RemoteHarness:
         state)
     self.started = time.monotonic()
     self.never_connected = False
+    # The harness's liveness while a bundle waits on it (_unresponsive).
+    self._probe = None  # (ControlFuture, sent at) of the probe in flight
+    self._probed = time.monotonic()
+    self._hung: Optional[str] = None
     self.handler = self.manager.start(environment_id)
     self.runner_side = self.handler.data_conn
     self._descriptors: dict[str, beam_fn_api_pb2.ProcessBundleDescriptor] = {}
     self.last_split = None
     self.last_used = time.monotonic()
+    self._bundle: Optional[str] = None  # the bundle waiting on the harness
 
   # -- the Harness interface (worker.harnesses.base) --------------------------
 
@@ -140,6 +155,7 @@ class RemoteHarness:
           target=self._split_straggler, args=(iid, split, finished, data),
           name=f'split-{iid}', daemon=True)
     conn = self.runner_side
+    self._bundle, self._probed = iid, time.monotonic()
     send_input(conn, iid, data, timers)
     future = self.handler.control_conn.push(
         beam_fn_api_pb2.InstructionRequest(
@@ -165,9 +181,14 @@ class RemoteHarness:
     try:
       outputs = list(conn.input_elements(iid, expected, abort_callback=abort))
     except RuntimeError as exn:
+      self._bundle = self._probe = None
       if 'Channel closed prematurely' not in str(exn):
         raise
       # The harness's data stream ended under the bundle: it went away.
+      # Its process's end, if it ended, says how (a signal, an exit code).
+      reason = self._dead_within(PROCESS_EXIT_SECS)
+      if reason:
+        raise self._lost(reason, f'bundle {iid}') from exn
       raise HarnessLostError(
           f'the SDK harness closed its data stream while running bundle '
           f'{iid} of job {self.job_id} (environment {self.environment_id!r}'
@@ -176,12 +197,14 @@ class RemoteHarness:
       finished.set()
       if monitor is not None:
         monitor.join()
+      if dead:
+        self._bundle = self._probe = None
     if dead:
-      raise self._lost_error()(
-          f'{dead[0]} while running bundle {iid} of job {self.job_id} '
-          f'(environment {self.environment_id!r}, {self.environment.urn}). '
-          'Check the harness command and its log above.')
-    response = self._wait(future, iid)
+      raise self._lost(dead[0], f'bundle {iid}')
+    try:
+      response = self._wait(future, iid)
+    finally:
+      self._bundle = self._probe = None
     self.last_used = time.monotonic()
     return CollectedBundle(iid, response, outputs)
 
@@ -269,7 +292,47 @@ class RemoteHarness:
     thread = getattr(handler, 'worker_thread', None)
     if thread is not None and not thread.is_alive():
       return 'the SDK harness stopped'
-    return _control_stream_ended(handler) or self._never_connected()
+    return (_control_stream_ended(handler) or self._never_connected() or
+            self._unresponsive())
+
+  def _unresponsive(self) -> Optional[str]:
+    """Why the harness is given up as hung, if it has answered none of
+    the runner's requests for UNRESPONSIVE_SECS although connected: while
+    a bundle waits on it, a progress request goes every PROBE_SECS, and
+    Beam's harnesses (Python, Java, Go, TypeScript) answer those while
+    their bundle's code runs, with progress or an error. One that answers
+    nothing is deadlocked, or out of memory, or not a harness at all, and
+    its bundle would otherwise wait for ever: no bound but this one applies
+    to a harness that connected (the job stayed RUNNING for minutes, no
+    message, issue 39)."""
+    if self._hung is not None:
+      return self._hung
+    conn = getattr(self.handler, 'control_conn', None)
+    reader = getattr(conn, '_read_thread', None)
+    if reader is None or reader.ident is None or self._bundle is None:
+      return None  # not connected (_never_connected's), or nothing runs
+    now = time.monotonic()
+    if self._probe is not None:
+      future, sent = self._probe
+      if future.is_done() or future._exception is not None:  # pylint: disable=protected-access
+        self._probe = None
+      elif now - sent >= UNRESPONSIVE_SECS:
+        self._hung = (
+            f'the SDK harness answered no request of the runner in '
+            f'{now - sent:.0f}s (it is connected, but hung: deadlocked, out '
+            'of memory, or not an SDK harness)')
+        return self._hung
+      return None
+    if now - self._probed >= PROBE_SECS:
+      self._probed = now
+      try:
+        self._probe = (conn.push(beam_fn_api_pb2.InstructionRequest(
+            instruction_id=self.next_instruction_id(),
+            process_bundle_progress=beam_fn_api_pb2.
+            ProcessBundleProgressRequest(instruction_id=self._bundle))), now)
+      except Exception:  # pylint: disable=broad-except
+        _LOGGER.debug('Could not probe the harness', exc_info=True)
+    return None
 
   def _never_connected(self) -> Optional[str]:
     """Why the harness is given up for never connecting, if it has not
@@ -286,6 +349,44 @@ class RemoteHarness:
     self.never_connected = True
     return (f'the SDK harness never connected to the runner in {waited:.0f}s '
             '(check its command or worker pool, and its log)')
+
+  def _lost(self, reason: str, what: str) -> PipelineExecutionError:
+    """The error of a harness gone (``reason``: ``dead``'s) while it ran
+    ``what``. Its first line ends with the harness's own last words (a
+    boot's message, an exception), its last lines of stderr follow: they
+    reach the job's messages with it, where the executor's stderr (a job
+    server's, a cluster's executor logs) is not at hand."""
+    lines = self.last_lines()
+    text = (f'{reason} while running {what} of job {self.job_id} '
+            f'(environment {self.environment_id!r}, {self.environment.urn})')
+    words = last_words(lines)
+    if words:
+      text += f': {words}'
+    if lines:
+      text += ('\nIts last lines on stderr:\n' +
+               '\n'.join(f'  {line}' for line in lines))
+    else:
+      text += '. Check the harness command and its log.'
+    return self._lost_error()(text)
+
+  def _dead_within(self, secs: float) -> Optional[str]:
+    """``dead()``, looked at again for up to ``secs`` (a process whose
+    streams just closed is reaped a moment later)."""
+    deadline = time.monotonic() + secs
+    while True:
+      reason = self.dead()
+      if reason or time.monotonic() >= deadline:
+        return reason
+      time.sleep(0.05)
+
+  def last_lines(self) -> list[str]:
+    """What a PROCESS harness last wrote to its stderr (none for others:
+    an EXTERNAL harness's output is its worker pool's)."""
+    handler = self.handler
+    if not isinstance(handler, ProcessWorkerHandler):
+      return []
+    exited = handler.process is not None and handler.process.poll() is not None
+    return handler.last_lines(TAIL_WAIT_SECS if exited else 0.0)
 
   def _lost_error(self) -> type:
     """How a harness that went away fails its bundle: HarnessLostError
@@ -310,9 +411,7 @@ class RemoteHarness:
         return future.get()
       reason = self.dead()
       if reason:
-        raise self._lost_error()(
-            f'{reason} while running instruction {iid} of job {self.job_id} '
-            f'(environment {self.environment_id!r}).')
+        raise self._lost(reason, f'instruction {iid}')
 
   def shutdown(self) -> None:
     try:
@@ -336,6 +435,15 @@ def _control_stream_ended(handler) -> Optional[str]:
     return ('the SDK harness closed its control stream (it stopped, or '
             'lost its connection to the runner)')
   return None
+
+
+def last_words(lines: list[str]) -> str:
+  """The line of a harness's last output that says why it went: the last
+  one not indented (a stack trace's frames are), else the last one."""
+  shown = [line.strip() for line in lines if line.strip()]
+  said = [line.strip() for line in lines
+          if line.strip() and not line[:1].isspace()]
+  return (said or shown or [''])[-1]
 
 
 def _read_index(infos, input_id: str) -> Optional[int]:

@@ -10,6 +10,7 @@ harness's own, and the harness's logs into this process's logging.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -41,6 +42,60 @@ from beam_pyspark.worker.setup import artifacts as job_artifacts
 _LOGGER = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECS = 0.5
+
+# What a PROCESS harness's failure quotes of its stderr: its last lines
+# (a boot's message, a JVM's exception), each cut to so many characters.
+TAIL_LINES = 20
+TAIL_LINE_CHARS = 1000
+# How long a dead harness's failure waits for the rest of its stderr (a
+# child it left may hold the pipe open: the tail then ends where it is).
+TAIL_WAIT_SECS = 2.0
+
+
+class StderrTail:
+  """A harness process's stderr: forwarded to this process's (the
+  executor's log, where it always went) and its last lines kept, so that
+  the harness's failure can say in the job's messages what it said before
+  it went (issue 40: a Java boot's reason reached only the job server's
+  stderr)."""
+  def __init__(self, stream):
+    self._stream = stream
+    self._lines: collections.deque = collections.deque(maxlen=TAIL_LINES)
+    self._lock = threading.Lock()
+    self._thread = threading.Thread(
+        target=self._pump, name='beam-pyspark-harness-stderr', daemon=True)
+    self._thread.start()
+
+  def _pump(self) -> None:
+    stream = self._stream
+    try:
+      while True:
+        # Bounded: a line without an end is kept in pieces.
+        raw = stream.readline(64 << 10)
+        if not raw:
+          return
+        try:
+          os.write(2, raw)
+        except OSError:
+          pass
+        text = raw.decode('utf-8', 'replace').rstrip('\r\n')
+        if len(text) > TAIL_LINE_CHARS:
+          text = text[:TAIL_LINE_CHARS] + '...'
+        with self._lock:
+          self._lines.append(text)
+    except (OSError, ValueError):
+      pass  # closed under us: the harness is being stopped
+    finally:
+      with contextlib.suppress(OSError, ValueError):
+        stream.close()
+
+  def lines(self, wait: float = 0.0) -> list[str]:
+    """The last lines so far (after waiting up to ``wait`` seconds for the
+    stream's end, when the process has exited)."""
+    if wait > 0:
+      self._thread.join(wait)
+    with self._lock:
+      return list(self._lines)
 
 class _LogEntryService(beam_fn_api_pb2_grpc.BeamFnLoggingServicer):
   """The harness's log entries, into this process's logging.
@@ -77,6 +132,7 @@ class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
     self._payload = payload
     self.process: Optional[subprocess.Popen] = None
     self.semi_persist_dir: Optional[str] = None
+    self.stderr: Optional[StderrTail] = None
 
   def start_worker(self):
     control = self.control_api_service_descriptor()
@@ -116,7 +172,9 @@ class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
       self.process = subprocess.Popen(
           # exec: the harness replaces the shell, so its exit status is ours
           'exec ' + command + ' ' + ' '.join(shlex.quote(f) for f in flags),
-          shell=True, env=env, start_new_session=True)
+          shell=True, env=env, start_new_session=True,
+          stderr=subprocess.PIPE)
+    self.stderr = StderrTail(self.process.stderr)
 
   def dead(self) -> Optional[str]:
     if self.process is None or self.process.poll() is None:
@@ -130,6 +188,10 @@ class ProcessWorkerHandler(worker_handlers.GrpcWorkerHandler):
     else:
       how = f'exited with code {rc}'
     return f'the SDK harness process ({self._payload.command!r}) {how}'
+
+  def last_lines(self, wait: float = 0.0) -> list[str]:
+    """The last lines the harness process wrote to its stderr."""
+    return self.stderr.lines(wait) if self.stderr is not None else []
 
 
   def stop_worker(self):
