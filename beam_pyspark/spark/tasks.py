@@ -45,6 +45,9 @@ from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker import statestore
 from beam_pyspark.worker import streaming
 from beam_pyspark.worker.state import StoredState
+from beam_pyspark.spark.keying import KeyElements  # noqa: F401
+from beam_pyspark.spark.keying import pack_by_key  # noqa: F401
+from beam_pyspark.spark.keying import pack_tagged  # noqa: F401
 
 
 class ListAccumulator(AccumulatorParam):
@@ -407,41 +410,6 @@ class StreamGroup:
       finally:
         if self.ctx.logs is not None:
           self.ctx.logs.add(captured.entries())
-
-
-class KeyElements:
-  """Materialized KV chunks -> (encoded key, (input id, element))."""
-  def __init__(self, ctx: TaskContext, coder_id: str, transform_id: str):
-    self.ctx = ctx
-    self.coder_id = coder_id
-    self.transform_id = transform_id
-
-  def __call__(self, chunks):
-    runtime = self.ctx.runtime()
-    impl = runtime.coder_impl(self.coder_id)
-    key_impl = runtime.coder(
-        self.coder_id).wrapped_value_coder.key_coder().get_impl()
-    for key, element in elements.keyed_elements(impl, key_impl, chunks):
-      yield key, (self.transform_id, element)
-
-
-def pack_tagged(records):
-  """(key, (input id, element)) -> (input id, chunk), one chunk per id."""
-  by_input: dict[str, list[bytes]] = {}
-  for _, (transform_id, element) in records:
-    by_input.setdefault(transform_id, []).append(element)
-  for transform_id, encoded in by_input.items():
-    for chunk in elements.pack(encoded):
-      yield transform_id, chunk
-
-
-def pack_by_key(records):
-  """(key, (input id, element)) -> chunks, each key's elements together and
-  in the order they came (a keyed Reshuffle's partition, sdks.reshuffle_keeps_keys)."""
-  by_key: dict[bytes, list[bytes]] = {}
-  for key, (_, element) in records:
-    by_key.setdefault(key, []).append(element)
-  yield from elements.pack(e for run in by_key.values() for e in run)
 
 
 class GroupValues:

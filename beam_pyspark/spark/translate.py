@@ -340,9 +340,8 @@ class SparkPipelineJob:
       self.log(
           f'{stage.name}: {count} residual(s) split off straggling bundles '
           'run in another round of tasks')
-      out = (
-          residual.repartition(min(count, self._parallelism))
-          .mapPartitionsWithIndex(run))
+      out = residual.repartition(
+          min(count, self._parallelism)).mapPartitionsWithIndex(run)
     return self._union(rounds)
 
   def _reshuffle(self, stage: StagePlan):
