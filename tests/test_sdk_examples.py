@@ -29,7 +29,10 @@ import collections
 import os
 import random
 import re
+import signal
 import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -45,11 +48,17 @@ HOUR = 3_600_000
 SPLIT_AFTER_SECS = '0.2'
 
 
+# A connected harness that answers no request this long is given up (the
+# default, 600 s, is for a JVM in long collections on a loaded machine).
+UNRESPONSIVE_SECS = 30
+
+
 @pytest.fixture(scope='module')
 def server(tmp_path_factory):
   s = JobServerProcess(
       tmp_path_factory.mktemp('examples-js') / 'artifacts',
-      '--split-stragglers-after-secs', SPLIT_AFTER_SECS, spark_warm_up=True)
+      '--split-stragglers-after-secs', SPLIT_AFTER_SECS, spark_warm_up=True,
+      env={'BEAM_PYSPARK_HARNESS_UNRESPONSIVE_SECS': str(UNRESPONSIVE_SECS)})
   yield s
   s.stop()
 
@@ -111,7 +120,9 @@ def _assert_split(server, name_part: str) -> None:
   assert any('split off straggling bundles' in t for t in texts), texts
 
 
-def _java(main_class, args, log_path, timeout=600):
+def _java(main_class, args, log_path, timeout=600, check=True):
+  """Runs one of Beam's Java examples; its log (``check``: the test fails
+  unless it exits 0; else (exit code, log))."""
   if not os.path.exists(EXAMPLES_CLASSPATH):
     pytest.fail(f'{EXAMPLES_CLASSPATH} is missing: run `make sdk-java` '
                 '(make test does) to resolve beam-examples-java.')
@@ -123,6 +134,8 @@ def _java(main_class, args, log_path, timeout=600):
         stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
   with open(log_path, 'rb') as f:
     text = f.read().decode('utf-8', 'replace')
+  if not check:
+    return proc.returncode, text
   assert proc.returncode == 0, f'{main_class} exited {proc.returncode}:\n' + (
       text[-8000:])
   return text
@@ -284,10 +297,12 @@ def test_java_wordcount_read_split_mid_file_counts_exactly(
 # -- Go ------------------------------------------------------------------------
 
 
-def _go(name, args, timeout=300):
+def _go(name, args, timeout=300, check=True):
   proc = subprocess.run(
       [go_sdk.program(name), *args], capture_output=True, text=True,
       timeout=timeout, check=False)
+  if not check:
+    return proc.returncode, proc.stderr
   assert proc.returncode == 0, proc.stderr[-6000:]
   return proc.stderr
 
@@ -356,3 +371,137 @@ def test_go_wordcount_read_split_mid_file_counts_exactly(
     counts[word] += int(count)
   assert counts == expected
   _assert_split(server, 'go-job')
+
+
+# -- harnesses killed or frozen mid-job: exact, or FAILED saying so -----------
+
+
+def _connected(proc) -> bool:
+  """Whether a harness process holds its Fn API streams (control, data,
+  logging): it is past its boot."""
+  conns = getattr(proc, 'net_connections', proc.connections)(kind='tcp')
+  return sum(1 for c in conns if c.status == 'ESTABLISHED') >= 2
+
+
+class _Harnesses(threading.Thread):
+  """Strikes the SDK harness processes whose command line holds ``mark``
+  (a Java FnHarness, a Go worker) once each is connected and has run
+  ``after`` seconds of CPU (in its bundles, not booting): ``sig`` SIGKILL,
+  or SIGSTOP (a harness that hangs; continued and killed at ``stop``)."""
+
+  def __init__(self, mark: str, sig: int, after: float, most: int = 1):
+    super().__init__(daemon=True)
+    self.mark, self.sig, self.after, self.most = mark, sig, after, most
+    self.struck: list[int] = []
+    self.done = threading.Event()
+
+  def run(self):
+    import psutil
+    while not self.done.wait(0.1) and len(self.struck) < self.most:
+      for proc in psutil.process_iter(['pid', 'cmdline']):
+        try:
+          if (proc.pid not in self.struck and
+              self.mark in ' '.join(proc.info['cmdline'] or ()) and
+              sum(proc.cpu_times()[:2]) >= self.after and _connected(proc)):
+            os.kill(proc.pid, self.sig)
+            self.struck.append(proc.pid)
+        except (psutil.Error, ProcessLookupError):
+          continue
+
+  def stop(self):
+    self.done.set()
+    self.join(10)
+    for pid in self.struck:  # a frozen harness is not left behind
+      for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+          os.kill(pid, sig)
+        except ProcessLookupError:
+          pass
+
+
+def _exact_or_failed_saying_so(server, name_part, returncode, client_log,
+                               got, expected, cause):
+  """DONE with exactly the reference output (the bundle ran again on a new
+  harness), or FAILED with the harness's end first in its error."""
+  from apache_beam.portability.api import beam_job_api_pb2
+  jobs = [j for j in server.job_stub.GetJobs(
+      beam_job_api_pb2.GetJobsRequest()).job_info
+          if j.job_name.startswith(name_part)]
+  state = jobs[-1].state
+  texts = _job_messages(server, name_part)
+  if state == beam_job_api_pb2.JobState.DONE:
+    assert returncode == 0, client_log[-3000:]
+    assert got() == expected
+    return 'DONE'
+  assert state == beam_job_api_pb2.JobState.FAILED, state
+  assert returncode != 0
+  errors = [t for t in texts if cause in t]
+  assert errors, texts[-5:]
+  return 'FAILED'
+
+
+def _java_process_args(server):
+  return ['--runner=PortableRunner', f'--jobEndpoint={server.job_endpoint}',
+          '--defaultEnvironmentType=PROCESS',
+          '--defaultEnvironmentConfig='
+          f'{{"command": "{sys.executable} -m beam_pyspark.boot java"}}']
+
+
+def _java_wordcount_in_process(server, path, out):
+  """Beam's Java WordCount, each harness booted by the runner; (exit code,
+  log, its counts)."""
+  returncode, log = _java(
+      'org.apache.beam.examples.WordCount',
+      [*_java_process_args(server), f'--inputFile={path}',
+       f'--output={out}/counts'], f'{out}.log', check=False)
+  return returncode, log, lambda: _word_totals(_windows(out))
+
+
+def _go_wordcount_in_process(server, path, out):
+  """Go's wordcount, each worker booted by the runner from the binary."""
+  config = '{"command": "%s -m beam_pyspark.boot go"}' % sys.executable
+  returncode, log = _go(
+      'wordcount',
+      [*go_sdk.portable_args(server.job_endpoint, 'PROCESS', config),
+       f'--worker_binary={go_sdk.program("wordcount")}',
+       f'--input={path}', f'--output={out}.txt'], check=False)
+
+  def counts():
+    found = collections.Counter()
+    for line in go_sdk.count_lines([f'{out}.txt']):
+      word, count = line.rsplit(': ', 1)
+      found[word] += int(count)
+    return found
+  return returncode, log, counts
+
+
+# Per SDK: how its harness process is told apart, the CPU seconds it has
+# spent once it runs bundles (a JVM spends seconds loading its classpath),
+# its job's name and the pipeline.
+_SDKS = {
+    'java': ('org.apache.beam.fn.harness.FnHarness', 6.0, 'wordcount-',
+             _java_wordcount_in_process),
+    'go': ('--worker=true', 0.3, 'go-job', _go_wordcount_in_process),
+}
+
+
+@pytest.mark.parametrize('sdk', sorted(_SDKS))
+@pytest.mark.parametrize('sig, cause', [
+    (signal.SIGKILL, 'SIGKILL'), (signal.SIGSTOP, 'answered no request')],
+    ids=['killed', 'hung'])
+def test_a_harness_killed_or_hung_mid_job_never_ends_short(
+    server, big_text, tmp_path, sdk, sig, cause):
+  """kill -9 or SIGSTOP of a Java harness or a Go worker while it runs the
+  job's bundles: the job ends DONE with exactly the reference counts (the
+  bundle ran again on a new harness) or FAILED saying why; never short."""
+  path, expected = big_text
+  mark, after, name, run = _SDKS[sdk]
+  strike = _Harnesses(mark, sig, after=after)
+  strike.start()
+  try:
+    returncode, log, got = run(server, path, str(tmp_path / 'out'))
+  finally:
+    strike.stop()
+  assert strike.struck, f'no {sdk} harness was struck while the job ran'
+  _exact_or_failed_saying_so(
+      server, name, returncode, log, got, expected, cause)

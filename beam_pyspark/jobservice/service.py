@@ -111,16 +111,22 @@ def _unary(method):
     try:
       return method(self, request, context)
     except Exception as exn:  # pylint: disable=broad-except
-      refusal = _refusal(exn)
-      if context is None:
-        raise refusal or exn
-      if refusal is not None:
-        context.abort(refusal.code, bounded(refusal.message))
-      _LOGGER.exception('%s failed', method.__name__)
-      context.abort(
-          grpc.StatusCode.INTERNAL,
-          bounded(f'{method.__name__} failed: {type(exn).__name__}: {exn}'))
+      _abort(method.__name__, exn, context)
   return wrapper
+
+
+def _abort(name: str, exn: Exception, context) -> None:
+  """Ends a call that raised: a refusal with its code, anything else as
+  INTERNAL (not left to gRPC: its UNKNOWN status would carry str(exn)
+  uncut); either text bounded. Without a context (a direct call), raises."""
+  refusal = _refusal(exn)
+  if context is None:
+    raise refusal or exn
+  if refusal is not None:
+    context.abort(refusal.code, bounded(refusal.message))
+  _LOGGER.exception('%s failed', name)
+  context.abort(grpc.StatusCode.INTERNAL,
+                bounded(f'{name} failed: {type(exn).__name__}: {exn}'))
 
 
 def _streaming(method):
@@ -129,16 +135,7 @@ def _streaming(method):
     try:
       yield from method(self, request, context)
     except Exception as exn:  # pylint: disable=broad-except
-      refusal = _refusal(exn)
-      if context is None:
-        raise refusal or exn
-      if refusal is not None:
-        context.abort(refusal.code, bounded(refusal.message))
-      # Not left to gRPC: its UNKNOWN status would carry str(exn) uncut.
-      _LOGGER.exception('%s failed', method.__name__)
-      context.abort(
-          grpc.StatusCode.INTERNAL,
-          bounded(f'{method.__name__} failed: {type(exn).__name__}: {exn}'))
+      _abort(method.__name__, exn, context)
   return wrapper
 
 
