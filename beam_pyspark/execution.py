@@ -39,6 +39,7 @@ from beam_pyspark.errors import out_of_memory
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
+from beam_pyspark.planning.kafkaio import describe_kafka_failure
 from beam_pyspark.planning.passthrough import without_pass_through_leaves
 from beam_pyspark.planning.sdks import stages_by_environment
 
@@ -339,6 +340,10 @@ class PipelineExecution:
     oom = out_of_memory(error)
     if oom is not None and not error.startswith(oom):
       error = f'{oom}\n\n{error}'
+    # A Kafka error names neither topic nor broker: the read's config does.
+    kafka = describe_kafka_failure(error, self.pipeline)
+    if kafka:
+      error = f'{kafka}\n\n{error}'
     self.error = error
     # One line here: the whole error (the user's traceback) is the job's
     # message, and what the runner raises.

@@ -28,6 +28,8 @@ from typing import Callable
 from typing import Optional
 
 from beam_pyspark.connect import tasks
+from beam_pyspark.connect.liveness import abandon
+from beam_pyspark.connect.liveness import lost_server_message
 from beam_pyspark.connect.session import connect_session
 from beam_pyspark.connect.translate import StageTranslator
 from beam_pyspark.connect.translate import collect_rows
@@ -148,16 +150,26 @@ class ConnectPipelineJob(StageTranslator):
     self._session_settings(True)
     with contextlib.suppress(Exception):
       self.spark.registerProgressHandler(self._tasks)
+    lost = None
     try:
       self._ship_dependencies()
       self._execute()
       self._succeeded = True
+    except Exception as exn:
+      # A server that is gone: say so, naming it, and clean up only what
+      # this client holds (each call to the server would be retried).
+      lost = (None if self._cancelled.is_set() else
+              lost_server_message(self.spark, exn))
+      if lost:
+        abandon(self.spark)
+        raise PipelineExecutionError(lost) from exn
+      raise
     finally:
       with contextlib.suppress(Exception):
         self.spark.removeProgressHandler(self._tasks)
-      self._session_settings(False)
+      self._session_settings(False, server=not lost)
       self.spark.removeTag(self.tag)
-      self._close()
+      self._close(server=not lost)
 
   def cancel(self) -> None:
     self._cancelled.set()
@@ -198,10 +210,11 @@ class ConnectPipelineJob(StageTranslator):
       self._reports_from(self._action(lambda: collect_rows(reports),
                                       'its outputs'))
 
-  def _session_settings(self, starting: bool) -> None:
+  def _session_settings(self, starting: bool, server: bool = True) -> None:
     """The session has SESSION_CONF while jobs run on it: set by the first
     to start, what it had put back by the last to end (jobs of a job
-    server share its session)."""
+    server share its session). ``server``: False when it is gone (only
+    the count is kept)."""
     key = self.spark.session_id
     conf = self.spark.conf
     with _parallelism_lock:
@@ -216,7 +229,7 @@ class ConnectPipelineJob(StageTranslator):
             entry[1][name] = previous
       elif not starting and entry[0] == 0:
         del _session_conf[key]
-        for name, value in entry[1].items():
+        for name, value in (entry[1] if server else {}).items():
           with _logged(f'Could not restore {name}'):
             if value is None:
               conf.unset(name)
@@ -233,9 +246,14 @@ class ConnectPipelineJob(StageTranslator):
     if self._shipment is not None:
       self._ctx.dependencies = self._shipment.shipped
 
-  def _close(self) -> None:
+  def _close(self, server: bool = True) -> None:
+    """Ends what the job holds; ``server``: False when the server is
+    gone (its cached frames and harnesses went with it)."""
     if self._shipment is not None:
       self._shipment.close()
+    if not server:
+      self._persisted = []
+      return
     for df in self._persisted:
       with contextlib.suppress(Exception):
         df.unpersist()

@@ -62,5 +62,9 @@ def connect_session(remote: Optional[str]):
         'No Spark Connect endpoint: pass --spark_remote sc://HOST:PORT '
         '(the job server: --spark-remote) or set SPARK_REMOTE.')
   session = SparkSession.builder.remote(url).getOrCreate()
+  # A session of ours gives up on a lost server in seconds, not minutes
+  # (connect.liveness); the program's own keeps the policy it chose.
+  from beam_pyspark.connect.liveness import bound_retries
+  bound_retries(session)
   _LOGGER.info('Connected to Spark %s at %s', session.version, url)
   return session
