@@ -184,8 +184,13 @@ class RemoteHarness:
       self._bundle = self._probe = None
       if 'Channel closed prematurely' not in str(exn):
         raise
-      # The harness's data stream ended under the bundle: it went away.
-      # Its process's end, if it ended, says how (a signal, an exit code).
+      # The harness's data stream ended under the bundle. If the harness
+      # failed the bundle first (a Kafka read that gave up), that error is
+      # the cause, not a lost harness (whose retries hid it).
+      failed = _failed_response(future)
+      if failed is not None:
+        return CollectedBundle(iid, failed, [])
+      # Else it went away: its process's end says how (a signal, a code).
       reason = self._dead_within(PROCESS_EXIT_SECS)
       if reason:
         raise self._lost(reason, f'bundle {iid}') from exn
@@ -468,3 +473,14 @@ def _options_struct(options: dict) -> struct_pb2.Struct:
     except (ValueError, TypeError):
       struct.update({key: json.dumps(value, default=str)})
   return struct
+
+
+def _failed_response(future, wait_secs: float = 2.0):
+  """The bundle's response if the harness answered it with an error (it
+  may come just after its data stream closed), else None."""
+  deadline = time.monotonic() + wait_secs
+  while not future.is_done() and time.monotonic() < deadline:
+    time.sleep(0.05)
+  if future.is_done() and future.get().error:
+    return future.get()
+  return None
