@@ -114,6 +114,15 @@ class PySparkRunnerOptions(PipelineOptions):
         'Default: a directory of the job\'s own under the temporary '
         'directory, removed when the job ends (so no resume).')
     parser.add_argument(
+        '--checkpoint_store_timeout_secs',
+        type=float,
+        default=None,
+        help='Streaming, a checkpoint on hdfs://, s3:// or gs://: the seconds '
+        'a request to the store may go without an answer before it fails '
+        '(S3: tried once more), and after which a call still waiting is '
+        'reported in the job\'s messages, naming the store and what the '
+        'job was writing or reading (default: 30).')
+    parser.add_argument(
         '--max_records_per_batch',
         type=int,
         default=None,

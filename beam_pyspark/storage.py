@@ -35,10 +35,23 @@ to the ``hdfs://`` URL itself. S3 takes Beam's ``--s3_endpoint_url``,
 ``--s3_region_name``, ``--s3_access_key_id``,
 ``--s3_secret_access_key``, ``--s3_verify`` (else botocore's own
 environment and configuration).
+
+A store that stops answering (a frozen server, a half-open connection)
+fails the call instead of hanging it: every request has
+``--checkpoint_store_timeout_secs`` (``DEFAULT_STORE_TIMEOUT_SECS``) to
+connect and to answer (S3: botocore's connect and read timeouts, one
+retry; WebHDFS: requests' timeout on the session; GCS: gcsfs's
+``requests_timeout``), and the error (``StoreTimeoutError``) names the
+store, the file and what the caller was doing (``doing``). A call still
+running after that long is reported while it runs (``remotestore``,
+which holds the fsspec stores), so a job waiting on its store says so
+(an S3 server frozen for 6 minutes used to leave the job silent for 6
+minutes, then FAILED).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -48,9 +61,12 @@ import tempfile
 import threading
 import urllib.parse
 import uuid
+from typing import Callable
+from typing import Iterator
 from typing import Optional
 
 from beam_pyspark.errors import InvalidOptionsError
+from beam_pyspark.errors import PipelineExecutionError
 
 # scheme -> (fsspec protocol, the package's extra, the modules it needs).
 REMOTE_SCHEMES = {
@@ -69,7 +85,29 @@ DEFAULT_WEBHDFS_PORT = 9870
 STORAGE_OPTIONS = ('hdfs_host', 'hdfs_port', 'hdfs_user', 's3_endpoint_url',
                    's3_region_name', 's3_access_key_id',
                    's3_secret_access_key', 's3_session_token', 's3_verify',
-                   's3_disable_ssl')
+                   's3_disable_ssl', 'checkpoint_store_timeout_secs')
+# A request to a remote store with no answer for this long fails (and a
+# call running this long is reported): S3's own SDK waits 60 s per read
+# and retries 3 to 5 times, minutes in all; a checkpoint's requests are
+# small (a manifest, a keyed partition's state), so 30 s without a byte
+# is a store in trouble, not a slow one.
+DEFAULT_STORE_TIMEOUT_SECS = 30.0
+
+
+def store_timeout(options: dict) -> float:
+  """``--checkpoint_store_timeout_secs`` among storage options."""
+  value = options.get('checkpoint_store_timeout_secs')
+  if value in (None, ''):
+    return DEFAULT_STORE_TIMEOUT_SECS
+  try:
+    secs = float(value)
+  except ValueError:
+    secs = -1
+  if not secs > 0:
+    raise InvalidOptionsError([
+        f'--checkpoint_store_timeout_secs={value}: give the seconds (above '
+        '0) a request to the checkpoint store may go unanswered.'])
+  return secs
 
 
 def storage_options(job_options: Optional[dict]) -> dict:
@@ -130,6 +168,7 @@ class Location:
           f'{scheme}://HOST/path.'])
     url = urllib.parse.urlunsplit(
         (scheme, parts.netloc, parts.path.rstrip('/'), '', ''))
+    store_timeout(options or {})  # refused here, at submission
     return cls(url, scheme, tuple(sorted((options or {}).items())))
 
   @property
@@ -143,7 +182,7 @@ class Location:
       store = _stores.get(self)
       if store is None:
         store = _stores[self] = (LocalStore(self.url) if self.scheme == 'file'
-                                 else FsspecStore(self))
+                                 else _remote(self))
       return store
 
   def query_checkpoint(self) -> tuple[str, Optional[str]]:
@@ -179,6 +218,42 @@ class Location:
 
 _lock = threading.Lock()
 _stores: dict = {}
+
+
+def _remote(location: 'Location') -> 'Store':
+  # Not imported with this module: fsspec is only for remote locations.
+  # pylint: disable-next=import-outside-toplevel
+  from beam_pyspark.remotestore import FsspecStore
+  return FsspecStore(location)
+
+
+class StoreTimeoutError(PipelineExecutionError):
+  """A checkpoint store that did not answer in time. Not an OSError:
+  callers that take an OSError for a damaged or missing file (an
+  unreadable manifest is skipped) must not take a silent store for one."""
+
+
+_doing = threading.local()
+
+
+@contextlib.contextmanager
+def doing(what: str, warn: Optional[Callable[[str], None]] = None
+         ) -> Iterator[None]:
+  """What the store calls this thread makes inside are for ('committing
+  the manifest of micro-batch 3'), said in their errors and in reports of
+  calls that run long, and where those reports go (``warn``: the job's
+  messages; else Python's logging, which executors forward)."""
+  previous = getattr(_doing, 'current', None)
+  _doing.current = (what, warn)
+  try:
+    yield
+  finally:
+    _doing.current = previous
+
+
+def purpose() -> tuple[Optional[str], Optional[Callable[[str], None]]]:
+  """(what, warn) of the innermost ``doing`` of this thread."""
+  return getattr(_doing, 'current', None) or (None, None)
 
 
 def checked(location: str, options: Optional[dict] = None) -> Location:
@@ -330,159 +405,5 @@ def _quiet_remove(path: str) -> None:
     pass
 
 
-class FsspecStore(Store):
-  """HDFS (WebHDFS), S3 or GCS through fsspec."""
-  def __init__(self, location: Location):
-    import fsspec  # pylint: disable=import-outside-toplevel
-    self.url = location.url
-    self.scheme = location.scheme
-    parts = urllib.parse.urlsplit(location.url)
-    options = dict(location.options)
-    self.object_store = self.scheme in ('s3', 's3a', 'gs')
-    if self.object_store:
-      self.root = f'{parts.netloc}{parts.path}'
-    else:
-      self.root = parts.path or '/'
-    protocol = REMOTE_SCHEMES[self.scheme][0]
-    self.fs = fsspec.filesystem(
-        protocol, skip_instance_cache=True,
-        **_fsspec_options(self.scheme, parts, options))
-
-  def _full(self, name: str) -> str:
-    return posixpath.join(self.root, name) if name else self.root
-
-  def read(self, name: str) -> bytes:
-    return self.fs.cat_file(self._full(name))
-
-  def write(self, name: str, data: bytes) -> None:
-    path = self._full(name)
-    if self.object_store:
-      self.fs.pipe_file(path, data)
-      return
-    tmp = f'{path}.tmp-{uuid.uuid4().hex}'
-    self.fs.pipe_file(tmp, data)
-    if not self._rename(tmp, path):  # HDFS renames never replace
-      self.fs.rm_file(path)
-      if not self._rename(tmp, path):
-        raise OSError(f'could not rename {tmp} to {path}')
-
-  def commit(self, name: str, data: bytes) -> None:
-    path = self._full(name)
-    if self.object_store:
-      self.fs.pipe_file(path, data, mode='create')
-      return
-    tmp = f'{path}.tmp-{uuid.uuid4().hex}'
-    self.fs.pipe_file(tmp, data)
-    if not self._rename(tmp, path):
-      self.remove_full(tmp)
-      raise FileExistsError(f'{self.path(name)} exists already')
-
-  def _rename(self, src: str, dst: str) -> bool:
-    """WebHDFS's RENAME: whether it renamed (false when ``dst`` exists;
-    fsspec's ``mv`` drops that answer)."""
-    answer = self.fs._call(  # pylint: disable=protected-access
-        'RENAME', method='put', path=src, destination=dst)
-    return bool(answer.json().get('boolean'))
-
-  # fsspec's own exists() and isdir() answer False for any error: a store
-  # out of reach would read as a checkpoint that is gone.
-  def _info(self, name: str) -> Optional[dict]:
-    try:
-      return self.fs.info(self._full(name))
-    except FileNotFoundError:
-      return None
-
-  def exists(self, name: str) -> bool:
-    return self._info(name) is not None
-
-  def isdir(self, name: str) -> bool:
-    info = self._info(name)
-    return info is not None and info.get('type') == 'directory'
-
-  def listdir(self, name: str) -> list[str]:
-    try:
-      found = self.fs.ls(self._full(name), detail=False)
-    except (FileNotFoundError, NotADirectoryError):
-      return []
-    return [posixpath.basename(p.rstrip('/')) for p in found]
-
-  def files(self, name: str) -> list[str]:
-    base = self.root.rstrip('/') + '/'
-    try:
-      found = self.fs.find(self._full(name))
-    except FileNotFoundError:
-      return []
-    return [p[len(base):] for p in found if p.startswith(base)]
-
-  def makedirs(self, name: str) -> None:
-    if self.object_store:
-      # Object stores have no directories: a marker object makes the
-      # prefix exist, so that a location made at submission is there.
-      marker = posixpath.join(name, KEEP) if name else KEEP
-      if not self.exists(marker):
-        self.fs.pipe_file(self._full(marker), b'')
-      return
-    self.fs.makedirs(self._full(name), exist_ok=True)
-
-  def remove(self, *names: str) -> None:
-    if self.object_store and len(names) > 1:
-      # One request for them all (S3's DeleteObjects; a missing key is
-      # no error there).
-      try:
-        self.fs.rm([self._full(n) for n in names])
-      except FileNotFoundError:
-        pass
-      return
-    for name in names:
-      self.remove_full(self._full(name))
-
-  def remove_full(self, path: str) -> None:
-    try:
-      self.fs.rm_file(path)
-    except FileNotFoundError:
-      pass
-
-  def rmtree(self) -> None:
-    try:
-      self.fs.rm(self.root, recursive=True)
-    except (FileNotFoundError, OSError):
-      pass
-
-
 # The marker object that makes an object store's "directory" exist.
 KEEP = '.keep'
-
-
-def _fsspec_options(scheme: str, parts, options: dict) -> dict:
-  if scheme in ('hdfs', 'webhdfs'):
-    host = options.get('hdfs_host') or parts.hostname
-    if scheme == 'webhdfs':
-      port = parts.port or options.get('hdfs_port') or DEFAULT_WEBHDFS_PORT
-    else:  # the URL's port is the NameNode's RPC port, Spark's
-      port = options.get('hdfs_port') or DEFAULT_WEBHDFS_PORT
-    found = {'host': host, 'port': int(port)}
-    if options.get('hdfs_user'):
-      found['user'] = options['hdfs_user']
-    return found
-  if scheme in ('s3', 's3a'):
-    client = {}
-    if options.get('s3_endpoint_url'):
-      client['endpoint_url'] = options['s3_endpoint_url']
-    if options.get('s3_region_name'):
-      client['region_name'] = options['s3_region_name']
-    if str(options.get('s3_verify', '')).lower() in ('false', '0'):
-      client['verify'] = False
-    found = {'client_kwargs': client,
-             # Listings from other processes (the source reader's) must
-             # see new manifests: no listing cache.
-             'use_listings_cache': False}
-    if options.get('s3_access_key_id'):
-      found['key'] = options['s3_access_key_id']
-      found['secret'] = options.get('s3_secret_access_key')
-    if options.get('s3_session_token'):
-      found['token'] = options['s3_session_token']
-    if str(options.get('s3_disable_ssl', '')).lower() in ('true', '1'):
-      found['use_ssl'] = False
-    return found
-  return {}
-

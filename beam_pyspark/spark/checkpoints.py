@@ -17,6 +17,12 @@ PUT), so a driver killed while writing leaves no half file under a real
 name; the manifest, written once and never replaced, is the batch's
 commit. Files no manifest names (a batch
 that died before its commit) are removed when the job resumes.
+
+Each of the driver's calls to the store says what it is for
+(``storage.doing``): a remote store that stops answering is reported in
+the job's messages while the call waits ('has not answered for 30 s
+committing the manifest of micro-batch 7'), and fails it after
+``--checkpoint_store_timeout_secs`` a request (``remotestore``).
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ import posixpath
 import re
 import shutil
 import tempfile
+from typing import Any
 from typing import Callable
 from typing import Optional
 from typing import Union
+
+from apache_beam.portability.api import beam_job_api_pb2
 
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
@@ -41,10 +50,14 @@ from beam_pyspark.streaming.checkpoints import stage_key
 from beam_pyspark.storage import KEEP
 from beam_pyspark.storage import Location
 from beam_pyspark.storage import Store
+from beam_pyspark.storage import StoreTimeoutError
+from beam_pyspark.storage import doing
 
 # A side input's contents are committed batch by batch; past this many
 # files they are rewritten as one (compaction).
 MAX_SIDE_SEGMENTS = 16
+
+_WARNING = beam_job_api_pb2.JobMessage.MessageImportance.JOB_MESSAGE_WARNING
 
 _MANIFESTS = 'manifests'
 _FILES = 'files'
@@ -58,7 +71,9 @@ def after_failure(checkpoint: 'JobCheckpoint', location: str,
   (Spark's own commit fails first, 'File .../commits/.1.tmp does not
   exist'): then that is raised as the job's error, and no resume hint
   is given."""
-  if not checkpoint.gone():
+  if isinstance(error, StoreTimeoutError) or not checkpoint.gone():
+    # A store that timed out is not asked again (another wait as long):
+    # what it holds is as the last committed micro-batch left it.
     log(f'The job\'s state as of its last committed micro-batch is kept in '
         f'{location}: run the same pipeline with this --checkpoint_location '
         'to resume from it.')
@@ -108,8 +123,11 @@ class JobCheckpoint:
   """A streaming job's checkpoint: opened (files of a batch that never
   committed are swept), resumed from, committed to after each batch."""
   def __init__(self, location: Union[str, Location], fingerprint_: str,
-               stable_names: Optional[dict] = None):
-    self.dir = CheckpointDir(location)
+               stable_names: Optional[dict] = None,
+               log: Optional[Callable[..., Any]] = None):
+    """``log(text, importance)``: the job's messages, where a store call
+    that runs long is reported (else Python's logging)."""
+    self.dir = CheckpointDir(location, log)
     self.location = self.dir.location
     self.path = self.dir.path
     self._stable = dict(stable_names or {})
@@ -189,7 +207,7 @@ class JobCheckpoint:
     # State files a later wave of the batch superseded.
     files.extend(self._state_files - book.live())
     self._state_files.clear()
-    self.dir.remove(manifests, files)
+    self.dir.remove(manifests, files, batch)
 
   def gone(self) -> bool:
     """Whether the checkpoint was removed under the job: its last
@@ -199,8 +217,9 @@ class JobCheckpoint:
     back, and the job's own error says what failed."""
     latest, store = self.book.latest, self.dir.store
     try:
-      return not (store.exists(self.dir.manifest_name(latest.batch))
-                  if latest is not None else store.isdir(_MANIFESTS))
+      with self.dir.doing('checking that the checkpoint is still there'):
+        return not (store.exists(self.dir.manifest_name(latest.batch))
+                    if latest is not None else store.isdir(_MANIFESTS))
     except Exception:  # pylint: disable=broad-except
       return False
 
@@ -211,28 +230,41 @@ class JobCheckpoint:
 class CheckpointDir:
   """The checkpoint's files, through the location's store (``storage``):
   local, HDFS or an object store alike."""
-  def __init__(self, location: Union[str, Location]):
+  def __init__(self, location: Union[str, Location],
+               log: Optional[Callable[..., Any]] = None):
     if isinstance(location, str):
       location = Location.parse(location)
     self.location = location
     self.path = location.url
     self.store = location.store()
-    self.store.makedirs(_MANIFESTS)
-    self.store.makedirs(_FILES)
+    self._log = log
+    with self.doing('creating the checkpoint\'s directories'):
+      self.store.makedirs(_MANIFESTS)
+      self.store.makedirs(_FILES)
     self._written = 0
+
+  def doing(self, what: str):
+    """The store calls inside are for ``what`` (``storage.doing``); one
+    that runs long is a WARNING in the job's messages."""
+    log = self._log
+    return doing(what, None if log is None else (
+        lambda text: log(text, _WARNING)))
 
   def manifests(self) -> list[Manifest]:
     """The committed manifests, oldest first."""
-    return _manifests(self.store)
+    with self.doing('reading the committed manifests'):
+      return _manifests(self.store)
 
   def write_file(self, batch: int, data: bytes) -> str:
     self._written += 1
     name = posixpath.join(_FILES, f'{batch}-{self._written}')
-    self.store.write(name, data)
+    with self.doing(f'writing the side inputs of micro-batch {batch}'):
+      self.store.write(name, data)
     return name
 
   def read_file(self, name: str) -> bytes:
-    return self.store.read(name)
+    with self.doing('reading the state the job resumes from'):
+      return self.store.read(name)
 
   def manifest_name(self, batch: int) -> str:
     return posixpath.join(_MANIFESTS, str(batch))
@@ -243,11 +275,16 @@ class CheckpointDir:
   def commit(self, manifest: Manifest) -> None:
     """The batch's commit: its manifest, written once (a manifest of that
     batch already there was another driver's commit: this one fails)."""
-    if not self.store.isdir(_MANIFESTS):
-      raise PipelineExecutionError(
-          f'The job\'s checkpoint location {self.path} is gone (removed '
-          f'while the job ran?): micro-batch {manifest.batch} cannot '
-          'commit.')
+    with self.doing(f'committing the manifest of micro-batch '
+                    f'{manifest.batch}'):
+      if not self.store.isdir(_MANIFESTS):
+        raise PipelineExecutionError(
+            f'The job\'s checkpoint location {self.path} is gone (removed '
+            f'while the job ran?): micro-batch {manifest.batch} cannot '
+            'commit.')
+      self._commit(manifest)
+
+  def _commit(self, manifest: Manifest) -> None:
     try:
       self.store.commit(
           self.manifest_name(manifest.batch),
@@ -259,21 +296,31 @@ class CheckpointDir:
           'servers) run this pipeline on one --checkpoint_location. This '
           'one stops; the other goes on.') from None
 
-  def remove(self, batches: list[int], files: list[str]) -> None:
-    self.store.remove(*[self.manifest_name(b) for b in batches], *files)
+  def remove(self, batches: list[int], files: list[str],
+             batch: Optional[int] = None) -> None:
+    names = [*[self.manifest_name(b) for b in batches], *files]
+    if not names:
+      return
+    with self.doing('removing what no kept manifest needs'
+                    + (f' after micro-batch {batch}' if batch is not None
+                       else '')):
+      self.store.remove(*names)
 
   def sweep(self, live: set[str]) -> None:
     """Removes files no kept manifest names (and temporary ones)."""
-    self.store.remove(*[
-        self.manifest_name(name) for name in self.store.listdir(_MANIFESTS)
-        if not name.isdigit() and name != KEEP])
-    for top in (_FILES, _STATE):
+    with self.doing('removing the files of a micro-batch that never '
+                    'committed'):
       self.store.remove(*[
-          name for name in self.store.files(top)
-          if name not in live and posixpath.basename(name) != KEEP])
+          self.manifest_name(name) for name in self.store.listdir(_MANIFESTS)
+          if not name.isdigit() and name != KEEP])
+      for top in (_FILES, _STATE):
+        self.store.remove(*[
+            name for name in self.store.files(top)
+            if name not in live and posixpath.basename(name) != KEEP])
 
   def delete(self) -> None:
-    self.store.rmtree()
+    with self.doing('removing the checkpoint of a job that ended'):
+      self.store.rmtree()
     query, moved = self.location.query_checkpoint()
     if moved:  # Spark's own, kept on the driver's disk
       shutil.rmtree(query, ignore_errors=True)

@@ -180,7 +180,7 @@ class StreamingPipelineJob(SparkPipelineJob):
         location or default_location(self.job_id),
         storage.storage_options(self.options.job_options)), fingerprint(
             beam_runner_api_pb2.Components.FromString(self.plan.components),
-            names.values()), names)
+            names.values()), names, log=self.log)
     try:
       self._run_batches()
     except BaseException as exn:
