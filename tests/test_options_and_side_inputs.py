@@ -116,7 +116,7 @@ def test_every_runner_option_is_described():
       'split_stragglers_after_secs', 'group_memory_mb', 'status_port',
       'progress', 'checkpoint_location', 'max_records_per_batch',
       'max_bytes_per_batch', 'max_read_secs', 'no_fast_path',
-      'environment_override', 'spark_remote'}
+      'environment_override', 'spark_remote', 'checkpoint_store_timeout_secs'}
   assert all(o.description for o in runner_options())
 
 
