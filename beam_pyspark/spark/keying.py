@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.worker import elements
 
 if TYPE_CHECKING:
@@ -37,10 +38,21 @@ def pack_tagged(records):
       yield transform_id, chunk
 
 
-def pack_by_key(records):
-  """(key, (input id, element)) -> chunks, each key's elements together and
-  in the order they came (a keyed Reshuffle's partition, sdks.reshuffle_keeps_keys)."""
-  by_key: dict[bytes, list[bytes]] = {}
-  for key, (_, element) in records:
-    by_key.setdefault(key, []).append(element)
-  yield from elements.pack(e for run in by_key.values() for e in run)
+class KeyedSpread:
+  """A keyed Reshuffle's map side: chunks -> (target partition, chunk),
+  each element to its key's partition (the stable hash of its encoded
+  key), packed in chunks per partition as the even deal packs them
+  (tasks.SpreadElements), not pickled one by one."""
+  def __init__(self, ctx: TaskContext, coder_id: str, partitions: int):
+    self.ctx = ctx
+    self.coder_id = coder_id
+    self.partitions = partitions
+
+  def __call__(self, chunks):
+    n = self.partitions
+    targets: list[list[bytes]] = [[] for _ in range(n)]
+    for key, (_, element) in KeyElements(self.ctx, self.coder_id, '')(chunks):
+      targets[stable_hash(key) % n].append(element)
+    for target, encoded in enumerate(targets):
+      for chunk in elements.pack(encoded):
+        yield target, chunk

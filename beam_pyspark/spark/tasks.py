@@ -46,7 +46,7 @@ from beam_pyspark.worker import statestore
 from beam_pyspark.worker import streaming
 from beam_pyspark.worker.state import StoredState
 from beam_pyspark.spark.keying import KeyElements  # noqa: F401
-from beam_pyspark.spark.keying import pack_by_key  # noqa: F401
+from beam_pyspark.spark.keying import KeyedSpread  # noqa: F401
 from beam_pyspark.spark.keying import pack_tagged  # noqa: F401
 
 

@@ -365,11 +365,11 @@ class SparkPipelineJob:
       packed = [[sized[i][1] for i in b] for b in bins] or [[]]
       out = self.sc.parallelize(packed, len(packed)).flatMap(
           tasks.identity).mapPartitions(transcode)
-    elif stage.keeps_keys:  # a key's elements in one partition, together
-      out = source.mapPartitions(tasks.KeyElements(
-          self._ctx, stage.input_coders[in_id], in_id)).partitionBy(
-              self._parallelism, stable_hash).mapPartitions(
-                  tasks.pack_by_key).mapPartitions(transcode)
+    elif stage.keeps_keys:  # a key's elements in one partition
+      n = self._parallelism
+      out = source.mapPartitions(tasks.KeyedSpread(
+          self._ctx, stage.input_coders[in_id], n)).partitionBy(
+              n, tasks.identity).values().mapPartitions(transcode)
     else:
       out = (
           source.mapPartitionsWithIndex(tasks.SpreadElements(
