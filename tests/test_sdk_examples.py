@@ -245,17 +245,26 @@ def game_events(tmp_path_factory):
   return str(path)
 
 
+def _game_example(server, name, events, tmp_path):
+  """One of Beam's game examples on Java's DirectRunner and through the job
+  server: each one's files per window."""
+  main = f'org.apache.beam.examples.complete.game.{name}'
+  found = []
+  for runner, args in (('direct', ['--runner=DirectRunner']),
+                       ('ours', _portable(server))):
+    _java(main, [*args, f'--input={events}',
+                 f'--output={tmp_path}/{runner}/out'],
+          str(tmp_path / f'{runner}.log'))
+    found.append(_windows(str(tmp_path / runner)))
+  return found
+
+
 def test_java_hourly_team_score_writes_each_windows_three_shards(
     server, game_events, tmp_path):
   """Per-window files with three fixed shards each (the game examples'
   WriteToText with windowed writes)."""
-  main = 'org.apache.beam.examples.complete.game.HourlyTeamScore'
-  _java(main, ['--runner=DirectRunner', f'--input={game_events}',
-               f'--output={tmp_path}/direct/hts'], str(tmp_path / 'direct.log'))
-  _java(main, [*_portable(server), f'--input={game_events}',
-               f'--output={tmp_path}/ours/hts'], str(tmp_path / 'ours.log'))
-  direct = _windows(str(tmp_path / 'direct'))
-  ours = _windows(str(tmp_path / 'ours'))
+  direct, ours = _game_example(server, 'HourlyTeamScore', game_events,
+                               tmp_path)
   assert len(direct) >= 6
   assert sorted(ours) == sorted(direct)
   for window, (shards, lines) in ours.items():
@@ -269,17 +278,11 @@ def test_java_hourly_team_score_writes_each_windows_three_shards(
 
 def test_java_user_score_keeps_every_shard(server, game_events, tmp_path):
   """Runner-determined shards in the global window."""
-  main = 'org.apache.beam.examples.complete.game.UserScore'
-  _java(main, ['--runner=DirectRunner', f'--input={game_events}',
-               f'--output={tmp_path}/direct/us'], str(tmp_path / 'direct.log'))
-  _java(main, [*_portable(server), f'--input={game_events}',
-               f'--output={tmp_path}/ours/us'], str(tmp_path / 'ours.log'))
-  direct = _windows(str(tmp_path / 'direct'))
-  ours = _windows(str(tmp_path / 'ours'))
+  direct, ours = _game_example(server, 'UserScore', game_events, tmp_path)
   _assert_shards_complete(ours)
-  assert sorted(ours) == sorted(direct) == ['us']
-  assert sorted(ours['us'][1]) == sorted(direct['us'][1])
-  assert len(ours['us'][1]) > 100
+  assert sorted(ours) == sorted(direct) == ['out']
+  assert sorted(ours['out'][1]) == sorted(direct['out'][1])
+  assert len(ours['out'][1]) > 100
 
 
 def test_java_wordcount_read_split_mid_file_counts_exactly(
