@@ -157,7 +157,13 @@ def test_a_program_on_a_terminal_sees_its_links_progress_and_summary():
                       r'(\d+)/(\d+)[^\r\n]*)', text)
   assert frames, text[-3000:]
   done = [int(d) for _, d, _ in frames]
-  assert done == sorted(done) and len(set(done)) >= 2, frames
+  assert done == sorted(done), frames
+  # Between the last stage's two waves the line shows the first wave done:
+  # a count of the last stage's tasks other than none and all of them
+  # (Spark's status store kept up, spark.ui.liveUpdate.period; at its
+  # default it caught up at the next heartbeat, after both waves).
+  total = int(frames[-1][2])
+  assert any(total - 4 < d < total for d in done), frames
   summary = re.search(r'Job tty-\w+ DONE in [\d.]+ s; counters: '
                       r'status/slow_elements=8', text)
   assert summary and summary.start() < text.index('program ends'), (

@@ -22,6 +22,12 @@ _DEFAULT_CONF = {
     'spark.python.worker.reuse': 'true',
     # Python workers forked with Beam already imported (spark/daemon.py).
     'spark.python.daemon.module': 'beam_pyspark.spark.daemon',
+    # Every task's start and end reaches the status store (StatusTracker,
+    # Spark's UI) as it happens. With Spark's 100 ms two tasks ending
+    # together write only the first, and the store caught up at the next
+    # executor heartbeat, up to 10 s later: a progress line or status page
+    # showed a wave of tasks neither ending nor starting.
+    'spark.ui.liveUpdate.period': '0ms',
 }
 
 
