@@ -370,11 +370,15 @@ def _run_raw(stub, pipeline, name):
   return job_id, states[-1]
 
 
-def test_150_pardos_each_in_its_own_identical_environment(server, tmp_path):
+@pytest.mark.parametrize('distinct', [False, True],
+                         ids=['identical', 'distinct'])
+def test_150_pardos_each_in_its_own_environment(server, tmp_path, distinct):
   """Beam's Python SDK merges identical environments, other SDKs and
   expansion services may not: 150 ParDos, each in its own copy of one
   environment, were 150 stages that Spark chained into one task function
-  its pickler refused ("excessively deep recursion required")."""
+  its pickler refused ("excessively deep recursion required"). Identical
+  copies are merged (planning.normalize); copies that differ (here in a
+  capability) stay 150 stages, whose chain of task functions is cut."""
   import apache_beam as beam
   out = str(tmp_path / 'out')
 
@@ -390,10 +394,13 @@ def test_150_pardos_each_in_its_own_identical_environment(server, tmp_path):
                  pipeline.components.transforms.values() if t.environment_id)
   for transform_id, transform in pipeline.components.transforms.items():
     if transform.environment_id:
-      envs[f'own-{transform_id}'].CopyFrom(envs[base])
+      env = envs[f'own-{transform_id}']
+      env.CopyFrom(envs[base])
+      if distinct:
+        env.capabilities.append(f'beam:test:capability:{transform_id}')
       transform.environment_id = f'own-{transform_id}'
   assert len(envs) > 150
-  job_id, state = _run_raw(server.stub, pipeline, 'many-envs')
+  job_id, state = _run_raw(server.stub, pipeline, f'many-envs-{distinct}')
   assert state == beam_job_api_pb2.JobState.DONE, [
       m.message_text for m in _messages(server.stub, job_id)][-5:]
   assert _read(out) == ['151', '152', '153']

@@ -13,9 +13,8 @@ objects:
 * side input     -> collected on the driver, turned into state entries,
                     broadcast
 
-Each stage runs inside executors with ``mapPartitionsWithIndex`` over the
-StageRunner.  A stage output read more than once, or a stage with several
-outputs, is persisted so that Spark does not recompute it.
+Each stage runs in executors (``mapPartitionsWithIndex`` over a StageRunner);
+an output read twice, or a stage's several outputs, persisted (no recompute).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from beam_pyspark.planning.plan import IMPULSE_BUFFER
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.names import stage_label
 from beam_pyspark.planning.plan import StagePlan
+from beam_pyspark.spark import chains
 from beam_pyspark.spark import naming
 from beam_pyspark.spark import tasks
 from beam_pyspark.spark.dependencies import ship_dependencies
@@ -443,7 +443,7 @@ class SparkPipelineJob:
                 self._ctx, spec, self._group_budget,
                 self._may_page(buffer_id), self._compact(buffer_id)))
       else:
-        rdd = source
+        rdd = chains.cut_if_deep(source)
     self._buffer_rdds[buffer_id] = rdd
     return rdd
 
