@@ -26,6 +26,7 @@ from beam_pyspark.engine import STREAMING
 from beam_pyspark.engine import check_engine
 from beam_pyspark.engine import checked_checkpoint_location
 from beam_pyspark.engine import create_engine
+from beam_pyspark.engine import over_connect
 from beam_pyspark.errors import BeamPySparkError
 from beam_pyspark.events import TERMINAL_STATES
 from beam_pyspark.events import Event
@@ -35,10 +36,12 @@ from beam_pyspark.events import MessageEvent
 from beam_pyspark.events import StateEvent
 from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
+from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.errors import out_of_memory
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
+from beam_pyspark.planning import relpaths
 from beam_pyspark.planning.kafkaio import describe_kafka_failure
 from beam_pyspark.planning.passthrough import without_pass_through_leaves
 from beam_pyspark.planning.sdks import stages_by_environment
@@ -47,6 +50,23 @@ _LOGGER = logging.getLogger(__name__)
 
 Listener = Callable[[Event], None]
 
+
+
+def check_outputs(pipeline: beam_runner_api_pb2.Pipeline,
+                  options: RunnerOptions) -> None:
+  """Refuses file outputs named by a relative path where the tasks do not
+  run in this process's directory (planning.relpaths)."""
+  if over_connect(options):
+    where = ("over Spark Connect the tasks run in the server's session "
+             'directory')
+  elif options.master and not options.master.startswith('local'):
+    where = (f"on {options.master} the tasks run in each executor's "
+             'working directory')
+  else:
+    return
+  outputs = relpaths.relative_outputs(pipeline)
+  if outputs:
+    raise UnsupportedPipelineError(relpaths.refusal(outputs, where))
 
 class PipelineExecution:
   """Runs one job; reports its states and messages to ``listener``.
@@ -93,6 +113,7 @@ class PipelineExecution:
     InvalidOptionsError for a checkpoint location it could not use."""
     check_supported(self.pipeline)
     kind = check_engine(self.pipeline, self.options)
+    check_outputs(self.pipeline, self.options)
     if kind == STREAMING and self.options.checkpoint_location:
       self.options.checkpoint_location = checked_checkpoint_location(
           self.options.checkpoint_location, self.options.job_options)

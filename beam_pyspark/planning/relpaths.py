@@ -1,0 +1,96 @@
+"""File outputs a pipeline names by a relative path.
+
+A task resolves a relative path against its own working directory. Over
+Spark Connect that is the server's session directory (and on a cluster an
+executor's work directory), not the directory of the program that named
+it: ``--output out/counts`` was written into
+``/tmp/spark-*/userFiles-*/out/counts``, the job ended DONE and the
+program's ``out/`` stayed empty. Such a pipeline is refused before it runs.
+
+Beam's Python file sinks keep the path as given (Java's resolve it to an
+absolute one when the pipeline is built), inside pickled DoFns: the
+sinks' (``iobase.WriteImpl``'s ``FileBasedSink``: WriteToText, Avro,
+Parquet, TFRecord) and fileio.WriteToFiles' DoFns' ``base_path``. Best
+effort: a DoFn that cannot be unpickled here is not looked into.
+"""
+
+from __future__ import annotations
+
+import os
+
+from apache_beam.io.filebasedsink import FileBasedSink
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.portability import common_urns
+from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+
+_PAR_DO = common_urns.primitives.PAR_DO.urn
+# fileio.WriteToFiles' last DoFn, moving its files into the directory the
+# user named (the others write under a temporary directory inside it).
+_FILEIO_FINAL = '_MoveTempFilesIntoFinalDestinationFn'
+# Where in a write's transform names the user's transform ends.
+_INNER = ('/Write/WriteImpl/', '/ParDo(_')
+
+
+def relative_outputs(pipeline: beam_runner_api_pb2.Pipeline
+                     ) -> list[tuple[str, str]]:
+  """(transform name, path) of each Python file output named by a
+  relative local path, a path at most once."""
+  from apache_beam.internal import pickler
+  found: dict[str, str] = {}
+  for transform in pipeline.components.transforms.values():
+    if transform.spec.urn != _PAR_DO:
+      continue
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(
+        transform.spec.payload)
+    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:
+      continue
+    try:
+      fn, args, kwargs = pickler.loads(payload.do_fn.payload)[:3]
+    except Exception:  # pylint: disable=broad-except
+      continue  # e.g. the user's module not importable here
+    for path in _paths(fn, list(args or ()) + list((kwargs or {}).values())):
+      if _relative(path):
+        found.setdefault(path, _outer(transform.unique_name))
+  return [(name, path) for path, name in found.items()]
+
+
+def refusal(outputs: list[tuple[str, str]], where: str) -> list[str]:
+  """One reason a relative output is refused each; ``where``: where the
+  tasks run (e.g. "over Spark Connect the tasks run in the server's
+  session directory")."""
+  return [
+      f'{name} writes to {path!r}, a relative path: {where}, not in the '
+      "directory of the program that named it, so the files would land "
+      'there, out of sight. Give an absolute path (where the tasks share '
+      "the program's file system) or a URL they can write (s3://, gs://, "
+      'hdfs://).' for name, path in outputs]
+
+
+def _paths(fn, args) -> list[str]:
+  paths = []
+  candidates = list(args) + list(getattr(fn, '__dict__', {}).values())
+  for value in candidates:
+    if isinstance(value, FileBasedSink):
+      paths.append(_get(value.file_path_prefix))
+  if type(fn).__name__ == _FILEIO_FINAL:
+    paths.append(_get(getattr(fn, 'path', None)))
+  return [p for p in paths if isinstance(p, str) and p]
+
+
+def _get(value):
+  """A ValueProvider's value where it has one now, else ``value``."""
+  if hasattr(value, 'is_accessible'):
+    return value.get() if value.is_accessible() else None
+  return value
+
+
+def _outer(name: str) -> str:
+  for inner in _INNER:
+    if inner in name:
+      return name[:name.index(inner)]
+  return name
+
+
+def _relative(path: str) -> bool:
+  return FileSystems.get_scheme(path) is None and not os.path.isabs(path)
