@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -76,11 +76,27 @@ $(HDFS_STAMP): tests/hdfs/pom.xml scripts/hdfs-minicluster.sh
 	@scripts/hdfs-minicluster.sh
 hdfs-minicluster: $(HDFS_STAMP)
 
+# A Spark Connect client as docs/spark-connect.md installs one: PyPI's
+# pyspark-client (Connect only; 4.2 is its newest, no 4.3 exists) as its
+# pyspark, against Spark 4.3's Connect server in tests/test_connect.py.
+# Its other libraries (Beam, pandas, Arrow, gRPC) are the .venv's, added
+# after its own site-packages, so the pyspark it imports is the client's.
+CONNECT_CLIENT := .venv-connect-client
+CONNECT_CLIENT_STAMP := $(CONNECT_CLIENT)/.installed-stamp
+$(CONNECT_CLIENT_STAMP): $(STAMP)
+	@test -x $(CONNECT_CLIENT)/bin/python || $(PYTHON) -m venv $(CONNECT_CLIENT)
+	$(CONNECT_CLIENT)/bin/python -m pip install -q --no-deps 'pyspark-client==4.2.*'
+	@$(CONNECT_CLIENT)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > $(CONNECT_CLIENT)/.purelib
+	@echo "import site; site.addsitedir('$$($(VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")')" \
+	  > "$$(cat $(CONNECT_CLIENT)/.purelib)/zz_beam_pyspark_venv.pth"
+	@touch $(CONNECT_CLIENT_STAMP)
+connect-client: $(CONNECT_CLIENT_STAMP)
+
 # pytest exits 5 when it collected no test: that is a failure here, never
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster
+test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster connect-client
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \

@@ -156,6 +156,11 @@ def main(argv: list[str]) -> None:
       results['session_conf'] = {name: conf.get(name) for name in SESSION_CONF}
     from pyspark.util import is_remote_only
     results['remote_only'] = is_remote_only()
+    # Which PySpark distribution the program imported, and its version.
+    import pyspark
+    results['pyspark'] = (
+        'pyspark-client' if is_remote_only() else 'pyspark',
+        pyspark.__version__)
     results['jvm_modules'] = sorted(
         m for m in sys.modules if m == 'py4j' or m.startswith(
             ('py4j.', 'pyspark.core')))

@@ -30,6 +30,19 @@ from spark_cluster import free_port
 from spark_cluster import spark_home
 
 SERVER_CLASS = 'org.apache.spark.sql.connect.service.SparkConnectServer'
+# The Python of a client with PyPI's pyspark-client (Connect only; the
+# version docs/spark-connect.md names) as its pyspark, the project's other
+# libraries from its .venv: `make connect-client`.
+CLIENT_PYTHON = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    '.venv-connect-client', 'bin', 'python')
+
+
+def client_python() -> str:
+  assert os.path.exists(CLIENT_PYTHON), (
+      f'{CLIENT_PYTHON} is missing: run `make connect-client` (make test '
+      'does)')
+  return CLIENT_PYTHON
 
 
 class ConnectServer:

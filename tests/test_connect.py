@@ -27,10 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, 'connect_jobs.py')
 
 
-def _start(out: str, flags: list[str], env: dict) -> subprocess.Popen:
+def _start(out: str, flags: list[str], env: dict,
+           python: str = sys.executable) -> subprocess.Popen:
   os.makedirs(out, exist_ok=True)
   log = open(os.path.join(out, 'log.txt'), 'wb')  # pylint: disable=consider-using-with
-  return subprocess.Popen([sys.executable, JOBS, out] + flags, cwd=HERE,
+  return subprocess.Popen([python, JOBS, out] + flags, cwd=HERE,
                           env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -58,11 +59,17 @@ def test_connect_engine_computes_what_the_rdd_engine_does(tmp_path):
     audit = str(tmp_path / 'client-processes.txt')
     connect = _start(connect_out,
                      [f'--spark_remote={server.url}', '--cancel'],
-                     client_environment(audit))
+                     client_environment(audit),
+                     connect_server.client_python())
     over_connect, log = _results(connect, connect_out)
-    # The client was a Connect-only one (no py4j, no pyspark.core: what
-    # pyspark-client alone has), started no JVM, and the jobs ran over
+    # The client was PyPI's pyspark-client, the version the docs name (no
+    # 4.3 of it exists), against Spark 4.3's server; Connect-only (no
+    # py4j, no pyspark.core), it started no JVM, and the jobs ran over
     # Connect.
+    client, client_version = over_connect.pop('pyspark')
+    assert (client, client_version[:4]) == ('pyspark-client', '4.2.'), (
+        client, client_version)
+    assert on_rdd.pop('pyspark')[0] == 'pyspark'
     assert over_connect.pop('remote_only') is True
     assert on_rdd.pop('remote_only') is False
     assert over_connect.pop('jvm_modules') == []
