@@ -14,11 +14,8 @@ PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
 .PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
 
-$(STAMP): pyproject.toml
-	@scripts/ensure-java.sh
-	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[test]'
+$(STAMP): pyproject.toml scripts/setup-venv.sh
+	@scripts/setup-venv.sh $(PYTHON) $(VENV) test
 	@touch $(STAMP)
 
 setup: $(STAMP)
