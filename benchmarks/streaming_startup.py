@@ -27,6 +27,10 @@ each of the two.
 Issue 31's target: an idle job's first micro-batch within 5 s of
 "Running job" on an idle machine.
 
+``--first-window``: the README's streaming example as the README runs it,
+seconds from "Running job" (and from its launch) to its first window's
+file (issue 43's target: 15 s from "Running job" on an idle machine).
+
 ``--job-server`` measures the same for the first job a fresh job server
 runs, from the job's own messages ("Running job" to "Micro-batch 0"),
 with the server's default warm-up (Spark started at the server's start;
@@ -208,6 +212,56 @@ def first_job_on_a_server(warm: bool) -> dict:
   return {'warm_up': warmed, 'live': marks['batch_0'] - marks['running']}
 
 
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'examples', 'streaming_counts.py')
+
+
+def first_window(master: str, seconds: float = 120) -> dict:
+  """The README's streaming example run as the README runs it (its own
+  process, 10-second windows of a 200 events/s PeriodicImpulse, written
+  as each closes): seconds from its launch and from "Running job" to its
+  first window's file, polled every 0.1 s; then Ctrl-C."""
+  import signal  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory(prefix='bench-first-window-') as tmp:
+    out = os.path.join(tmp, 'counts')
+    launched = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, EXAMPLE, '--output', out, '--seconds', str(seconds),
+         '--runner=beam_pyspark.PySparkRunner', '--streaming',
+         f'--spark_master_url={master}',
+         f'--checkpoint_location={os.path.join(tmp, "checkpoint")}'],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    marks = {}
+
+    def read_log():
+      for line in proc.stderr:
+        if 'Running job' in line:
+          marks.setdefault('running', time.monotonic())
+    reader = threading.Thread(target=read_log, daemon=True)
+    reader.start()
+    try:
+      while time.monotonic() - launched < seconds + 300:
+        if os.path.isdir(out) and any(not f.startswith('.')
+                                      for f in os.listdir(out)):
+          marks['window'] = time.monotonic()
+          break
+        if proc.poll() is not None:
+          raise RuntimeError(f'the example exited ({proc.returncode}) '
+                             'before its first window')
+        time.sleep(0.1)
+    finally:
+      proc.send_signal(signal.SIGINT)
+      try:
+        proc.wait(60)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+  if 'window' not in marks or 'running' not in marks:
+    raise RuntimeError(f'no first window or no "Running job": {marks}')
+  return {'launch': marks['window'] - launched,
+          'running': marks['window'] - marks['running']}
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument('--repeats', type=int, default=3)
@@ -216,8 +270,20 @@ def main(argv=None) -> None:
   parser.add_argument('--job-server', action='store_true',
                       help='The first job of fresh job servers, with and '
                       'without their warm-up, instead.')
+  parser.add_argument('--first-window', action='store_true',
+                      help="The README's streaming example: seconds to "
+                      'its first window\'s file, instead.')
   args = parser.parse_args(argv)
   print(f'load average at start: {os.getloadavg()[0]:.1f}')
+  if args.first_window:
+    runs = [first_window(args.master) for _ in range(args.repeats)]
+    for key, label in (('running', '"Running job"'), ('launch', 'launch')):
+      secs = [r[key] for r in runs]
+      print(f'README streaming example, {label} -> first window file '
+            f'({args.repeats} runs): median {statistics.median(secs):.1f} s '
+            f'(min {min(secs):.1f}, max {max(secs):.1f})')
+    print(f'load average at end: {os.getloadavg()[0]:.1f}')
+    return
   if args.job_server:
     runs = {True: [], False: []}
     for _ in range(args.repeats):
