@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` and `make test`.
+# The two commands of the README: `make demo` and `make test`. `make docs`
+# builds the documentation site (mkdocs.yml) into site/.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
@@ -12,7 +13,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test docs bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -85,6 +86,12 @@ test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# The documentation site, strict: a broken link or #anchor, or a page left
+# out of the nav, fails the build (tests/test_docs_site.py builds it too).
+docs: setup
+	$(VENV)/bin/python -m mkdocs build --strict --site-dir site
+	@echo "Documentation built: site/index.html"
 
 # The benchmarks side by side: our runner, hand-written PySpark and Beam's
 # DirectRunner, medians and ratios (README, Benchmarks).  A few minutes at
