@@ -94,14 +94,14 @@ docs: setup
 	@echo "Documentation built: site/index.html"
 
 # The benchmarks side by side: our runner, hand-written PySpark and Beam's
-# DirectRunner, medians and ratios (README, Benchmarks).  A few minutes at
-# this size; the README's table used BENCH_ARGS='--size-mb 200'.
+# DirectRunner, medians and ratios (docs/benchmarks.md).  A few minutes at
+# this size; its tables used BENCH_ARGS='--size-mb 200'.
 BENCH_ARGS ?= --size-mb 10 --repeats 3
 bench: setup
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
 # Kafka streaming, ours against hand-written PySpark Structured Streaming
-# with Spark's own Kafka source (README, Multi-language). Spark's connector
+# with Spark's own Kafka source (docs/guide/kafka.md). Spark's connector
 # (spark-sql-kafka-0-10 for Scala 2.13: 4.2.0, the newest on Maven Central;
 # pyspark 4.3.0's is not served) is the benchmark's only: never the tests'.
 SPARK_KAFKA := sdks/xlang/spark-kafka/target/classpath.txt
