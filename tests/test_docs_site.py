@@ -103,6 +103,14 @@ def test_the_site_builds_strict(tmp_path):
       'missing from the nav of mkdocs.yml):\n' + out.stdout + out.stderr)
   assert (tmp_path / 'site' / 'index.html').is_file()
   assert (tmp_path / 'site' / 'guide' / 'streaming.html').is_file()
+  # It reads offline: no script or stylesheet from the internet (the
+  # theme's highlight.js CDN is off in mkdocs.yml).
+  remote = [f'{page.relative_to(tmp_path)}: {m}'
+            for page in (tmp_path / 'site').rglob('*.html')
+            for m in re.findall(
+                r'<(?:script[^>]*src|link[^>]*href)="(https?://[^"]*)"',
+                page.read_text(encoding='utf-8'))]
+  assert not remote, remote[:5]
 
 
 def test_the_strict_build_fails_on_a_broken_anchor(tmp_path):
