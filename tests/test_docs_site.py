@@ -7,8 +7,8 @@ MkDocs site under docs/ (mkdocs.yml). Here: the site builds with --strict
 left out of the nav, an error); every relative link of the README and the
 pages reaches a file, and an #anchor into a page a heading; every page is
 in the nav or listed as deliberately not; and the commands the pages show
-name flags and options that exist: `beam-pyspark job-server --flag` against
-the CLI's own parser, `python ... --runner=beam_pyspark.PySparkRunner` (or
+name flags and options that exist: `beam-pyspark <command> --flag` against
+the parser the CLI itself builds, `python ... --runner=beam_pyspark.PySparkRunner` (or
 PortableRunner) `--option` against Beam's and this runner's pipeline
 options, and the Options page's table against both. A few seconds: one
 `mkdocs build` subprocess, the rest is reading files.
@@ -180,17 +180,39 @@ def test_every_page_is_in_the_nav_or_listed_as_not():
 # -- the commands, as written --------------------------------------------
 
 
-def _cli_flags() -> dict[str, set[str]]:
-  """Each `beam-pyspark` subcommand's flags, from the CLI's own parser."""
+class _Parsed(Exception):
+  """Raised in place of parsing, carrying the parser main() built."""
+
+
+def _cli_parser(monkeypatch) -> argparse.ArgumentParser:
+  """The parser `beam-pyspark` itself builds: main() is run up to its
+  parse_args, which hands the parser over instead of parsing (so every
+  subcommand main() adds is covered, with nothing copied here)."""
   from beam_pyspark import cli
-  parser = argparse.ArgumentParser(prog='beam-pyspark')
-  sub = parser.add_subparsers(dest='command')
-  cli._job_server_parser(sub)  # pylint: disable=protected-access
-  assert set(sub.choices) == {'job-server'}, (
-      'a new subcommand: add its parser here', set(sub.choices))
-  return {
-      name: {s for a in p._actions for s in a.option_strings}  # pylint: disable=protected-access
-      for name, p in sub.choices.items()}
+
+  def grab(self, *args, **kwargs):
+    raise _Parsed(self)
+  monkeypatch.setattr(argparse.ArgumentParser, 'parse_args', grab)
+  with pytest.raises(_Parsed) as caught:
+    cli.main([])
+  monkeypatch.undo()
+  return caught.value.args[0]
+
+
+def _cli_flags(monkeypatch) -> dict[tuple[str, ...], set[str]]:
+  """Each command's flags, by its words after `beam-pyspark`, e.g.
+  ('job-server',); nested subcommands too."""
+  found = {}
+
+  def walk(parser, path):
+    found[path] = {s for a in parser._actions for s in a.option_strings}  # pylint: disable=protected-access
+    for action in parser._actions:  # pylint: disable=protected-access
+      if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+        for name, child in action.choices.items():
+          walk(child, path + (name,))
+  walk(_cli_parser(monkeypatch), ())
+  assert ('job-server',) in found, found.keys()
+  return found
 
 
 def _commands(text: str) -> list[str]:
@@ -215,21 +237,22 @@ def _doc_texts():
     yield page.relative_to(ROOT), page.read_text(encoding='utf-8')
 
 
-def test_job_server_flags_written_in_the_docs_exist():
-  flags = _cli_flags()
+def test_cli_flags_written_in_the_docs_exist(monkeypatch):
+  flags = _cli_flags(monkeypatch)
   unknown, seen = [], 0
   for name, text in _doc_texts():
     for command in _commands(text):
-      for m in re.finditer(r'beam-pyspark ([a-z][a-z-]*)((?: +\S+)*)',
-                           command):
-        sub, rest = m.group(1), m.group(2)
-        if sub not in flags:
+      for m in re.finditer(r'beam-pyspark((?: +\S+)+)', command):
+        words, path = m.group(1).split(), ()
+        while words and path + (words[0],) in flags:
+          path += (words.pop(0),)
+        if not path:
           continue  # prose: "beam-pyspark installed", ...
         seen += 1
-        for flag in re.findall(r'(?<!\S)(--[a-z][a-z0-9_-]*)', rest):
-          if flag not in flags[sub]:
-            unknown.append(f'{name}: beam-pyspark {sub} {flag}')
-  assert seen >= 5, 'found too few job-server commands to check'
+        for flag in re.findall(r'(?<!\S)(--[a-z][a-z0-9_-]*)', ' '.join(words)):
+          if flag.split('=')[0] not in flags[path]:
+            unknown.append(f'{name}: beam-pyspark {" ".join(path)} {flag}')
+  assert seen >= 5, 'found too few beam-pyspark commands to check'
   assert not unknown, ('flags the CLI does not have (beam_pyspark/cli.py):\n'
                        + '\n'.join(unknown))
 
@@ -276,9 +299,9 @@ def test_pipeline_options_written_in_the_docs_exist():
                        '(beam_pyspark/options.py):\n' + '\n'.join(unknown))
 
 
-def test_the_options_table_names_real_options_and_flags():
+def test_the_options_table_names_real_options_and_flags(monkeypatch):
   options = _pipeline_options()
-  flags = _cli_flags()['job-server']
+  flags = _cli_flags(monkeypatch)[('job-server',)]
   text = (DOCS / 'guide' / 'options.md').read_text(encoding='utf-8')
   rows = [r for r in text.split('\n')
           if r.startswith('| ') and not r.startswith('| ---')][1:]
