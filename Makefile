@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test docs bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -89,6 +89,7 @@ test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster
 
 # The documentation site, strict: a broken link or #anchor, or a page left
 # out of the nav, fails the build (tests/test_docs_site.py builds it too).
+.PHONY: docs
 docs: setup
 	$(VENV)/bin/python -m mkdocs build --strict --site-dir site
 	@echo "Documentation built: site/index.html"
