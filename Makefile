@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` and `make test`.
+# The two commands of the README: `make demo` and `make test`. `make docs`
+# builds the documentation site (mkdocs.yml) into site/.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
@@ -99,15 +100,22 @@ test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster connect-cl
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
+# The documentation site, strict: a broken link or #anchor, or a page left
+# out of the nav, fails the build (tests/test_docs_site.py builds it too).
+.PHONY: docs
+docs: setup
+	$(VENV)/bin/python -m mkdocs build --strict --site-dir site
+	@echo "Documentation built: site/index.html"
+
 # The benchmarks side by side: our runner, hand-written PySpark and Beam's
-# DirectRunner, medians and ratios (README, Benchmarks).  A few minutes at
-# this size; the README's table used BENCH_ARGS='--size-mb 200'.
+# DirectRunner, medians and ratios (docs/benchmarks.md).  A few minutes at
+# this size; its tables used BENCH_ARGS='--size-mb 200'.
 BENCH_ARGS ?= --size-mb 10 --repeats 3
 bench: setup
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
 # Kafka streaming, ours against hand-written PySpark Structured Streaming
-# with Spark's own Kafka source (README, Multi-language). Spark's connector
+# with Spark's own Kafka source (docs/guide/kafka.md). Spark's connector
 # (spark-sql-kafka-0-10 for Scala 2.13: 4.2.0, the newest on Maven Central;
 # pyspark 4.3.0's is not served) is the benchmark's only: never the tests'.
 SPARK_KAFKA := sdks/xlang/spark-kafka/target/classpath.txt

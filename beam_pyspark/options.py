@@ -162,8 +162,8 @@ class PySparkRunnerOptions(PipelineOptions):
         default=False,
         help='Run every fused stage in Beam\'s SDK harness. By default a '
         'batch stage of the embedded Python environment whose DoFns, '
-        'combines and windowing the loop can run (README, "The fast '
-        'path") runs as a plain loop in the Python worker (the job\'s '
+        'combines and windowing the loop can run (docs/design/fast-path.md) '
+        'runs as a plain loop in the Python worker (the job\'s '
         'messages name the stages that did), with the harness as its '
         'fallback.')
 

@@ -205,7 +205,7 @@ def warm_runner_workers(sc) -> None:
   worker: a timed run then paid a new worker's import of Beam (4 CPU-s
   of the ParDo test's 6.6 at load 25, where warm it took 2.4-2.7 against
   the hand-written 2.3-2.7). The hand-written pool's workers import
-  nothing and stay warm; worker start-up is the fixed cost the README
+  nothing and stay warm; worker start-up is the fixed cost docs/benchmarks.md
   measures apart (benchmarks.fixed_cost). Since the benchmarks' context
   forks the runner's workers from the runner's own daemon (Beam imported
   before the fork: benchmarks/daemon.py), a new worker costs a fork, and

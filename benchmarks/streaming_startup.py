@@ -21,7 +21,7 @@ written, with the wall clock:
 
 The jobs: ``idle``, a PeriodicImpulse firing once an hour (its first
 micro-batch emits one element and has nothing more to do), and
-``example``, the README's examples/streaming_counts.py pipeline (200
+``example``, the streaming guide's examples/streaming_counts.py pipeline (200
 events a second). Printed: the medians of each phase, and the whole, for
 each of the two.
 Issue 31's target: an idle job's first micro-batch within 5 s of

@@ -16,7 +16,7 @@ for Beam's counters, ``AssignTimestamps``' with the timestamp carried in
 the value), its GroupByKey ``groupByKey``, its CoGroupByKey ``cogroup``,
 its ``TopCombineFn`` ``top``, its dict side input a broadcast dict. This
 module imports no Beam: the hand-written jobs' Python workers import it
-(README, Benchmarks).
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations

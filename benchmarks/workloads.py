@@ -188,7 +188,7 @@ def run_beam(workload: Workload, flags: list[str], paths, output: str) -> None:
 # pool of Python workers per (interpreter, environment), so an extra
 # environment variable gives them a pool whose workers never imported Beam.
 # In the runner's pool, PySpark's daemon runs gc.collect() after every task
-# over Beam's larger heap (see README, Benchmarks): a cost of running Beam,
+# over Beam's larger heap (see docs/benchmarks.md): a cost of running Beam,
 # which hand-written code would not pay.
 POOL_VARIABLE = 'BEAM_PYSPARK_BENCH_POOL'
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

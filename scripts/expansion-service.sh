@@ -13,7 +13,7 @@
 # stages them and serves them to the harness. With --beam-default-environment
 # as the third argument it keeps Beam's default instead, a Docker image
 # (apache/beam_java17_sdk:<version>), which beam-pyspark maps to the same
-# boot (README, Environment overrides).
+# boot (docs/guide/environments.md, Environment overrides).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 name="${1:?usage: $0 sql|kafka|validates PORT [options]}"

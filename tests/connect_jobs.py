@@ -3,7 +3,7 @@
 Not a test module: ``python connect_jobs.py OUT_DIR [RUNNER FLAGS...]``
 runs Beam's WordCount and a pipeline of GroupByKey, lifted and unlifted
 combines, side inputs (singleton, list, dict), Flatten, a stateful DoFn,
-Reshuffle and a user counter, and the README's DataFrame example, and
+Reshuffle and a user counter, and the DataFrame example of the README and docs/guide/running.md, and
 writes what each produced (sorted
 lines) and the counter's committed value to OUT_DIR/results.json. With
 ``--streaming`` among the flags it instead submits a streaming pipeline
@@ -85,7 +85,7 @@ def mixed(out: str, flags: list[str]) -> int:
 
 
 def dataframe(out: str, flags: list[str]) -> list[str]:
-  """The README's DataFrame example over a CSV of its own."""
+  """The DataFrame example (README, docs/guide/running.md) over a CSV of its own."""
   from apache_beam.dataframe.io import read_csv
   sales = os.path.join(out, 'sales.csv')
   with open(sales, 'w', encoding='utf-8') as f:

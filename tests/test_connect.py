@@ -5,8 +5,8 @@ local[2]) and a client process with no working JVM and only what
 ``pyspark-client`` alone gives (tests/connect_client: no py4j, no
 pyspark.core; asserted to start no JVM) run tests/connect_jobs.py:
 Beam's WordCount, a pipeline of GroupByKey, combines, side inputs,
-Flatten, a stateful DoFn, Reshuffle and a counter, and the README's
-DataFrame example; the same pipelines on
+Flatten, a stateful DoFn, Reshuffle and a counter, and the
+DataFrame example of the README and docs/guide/running.md; the same pipelines on
 the RDD engine (local[2], in the test process, while the server starts)
 must produce the same. One run of each, asserting several things; the
 server is the process's shared one (connect_server.shared).

@@ -6,8 +6,8 @@ read only 20 (``--max_records_per_batch``), so the job falls behind on
 purpose. Its page, in headless Chromium (as test_status_live), must chart
 rates, micro-batch durations, watermark lags and backlog with points whose
 values are the job's own metrics, and show the read's watermark lag
-growing. Set BEAM_PYSPARK_SCREENSHOTS=DIR to write the README's picture
-(docs/status-streaming.png) there.
+growing. Set BEAM_PYSPARK_SCREENSHOTS=DIR to write the picture
+docs/guide/status-page.md shows (docs/status-streaming.png) there.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ is handed the driver's path, so Selenium Manager never runs. A failing
 browser test leaves a screenshot under its pytest tmp dir.
 
 Set BEAM_PYSPARK_SCREENSHOTS=DIR to also write the job page's picture
-that the README shows (docs/status-page.png) there.
+that docs/guide/status-page.md shows (docs/status-page.png) there.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def test_the_list_shows_a_running_jobs_progress_advancing(
         f'{row["done"]}/{row["total"]} tasks')
     assert browser.execute_script('return window.__notReloaded === true;')
 
-    # The finished job's page: the picture the README shows.
+    # The finished job's page: the picture docs/guide/status-page.md shows.
     browser.find_element(
         By.CSS_SELECTOR, '#jobs-body tr[data-job-id^="progress-list"] a'
     ).click()

@@ -1,8 +1,8 @@
-"""The README's unbounded splittable DoFn, as the README shows it.
+"""The streaming guide's unbounded splittable DoFn, as the guide shows it.
 
 Beam's Python SDK resumes a splittable DoFn later through
 ``tracker.defer_remainder(delay)`` (its form of ProcessContinuation.resume):
-the README's example is taken from the README itself and run on the
+the example is taken from docs/guide/streaming.md itself and run on the
 streaming engine, where each resumed remainder runs in a later
 micro-batch, once its delay has passed.
 """
@@ -16,24 +16,24 @@ from apache_beam.testing.util import equal_to
 
 from conftest import spark_options
 
-README = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'README.md')
+GUIDE = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'docs', 'guide', 'streaming.md')
 
 
-def _readme_example() -> dict:
-  """The README's code block that defines PollTwoAtATime, executed."""
-  with open(README, encoding='utf-8') as f:
+def _guide_example() -> dict:
+  """The guide's code block that defines PollTwoAtATime, executed."""
+  with open(GUIDE, encoding='utf-8') as f:
     text = f.read()
   blocks = re.findall(r'```python\n(.*?)```', text, re.DOTALL)
   (code,) = [b for b in blocks if 'class PollTwoAtATime' in b]
   assert 'defer_remainder' in code
-  namespace = {'__name__': 'readme_example'}
-  exec(compile(code, README, 'exec'), namespace)  # pylint: disable=exec-used
+  namespace = {'__name__': 'guide_example'}
+  exec(compile(code, GUIDE, 'exec'), namespace)  # pylint: disable=exec-used
   return namespace
 
 
-def test_the_readmes_self_checkpointing_read_runs_over_micro_batches():
-  example = _readme_example()
+def test_the_guides_self_checkpointing_read_runs_over_micro_batches():
+  example = _guide_example()
   with beam.Pipeline(options=spark_options(streaming=True)) as p:
     out = p | beam.Create([6]) | beam.ParDo(example['PollTwoAtATime']())
     assert_that(out, equal_to(list(range(6))))

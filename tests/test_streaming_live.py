@@ -1,6 +1,7 @@
-"""The README's streaming example, run as a user runs it: its windows
-arrive while its source runs, and Ctrl-C stops it with its checkpoint
-kept and a line saying how to resume, not a Java trace.
+"""The streaming guide's example (docs/guide/streaming.md), run as a user
+runs it: its windows arrive while its source runs, and Ctrl-C stops it
+with its checkpoint kept and a line saying how to resume, not a Java
+trace.
 
 One run of examples/streaming_counts.py in a process of its own, with a
 ``--checkpoint_location``: the test reads the first window's file while

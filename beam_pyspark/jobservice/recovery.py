@@ -4,7 +4,7 @@ one runs again.
 
 A streaming job commits each micro-batch to its checkpoint location, and
 a job started again with the same pipeline and location goes on after the
-last commit (README, Streaming). The job server gives a streaming job
+last commit (docs/guide/checkpoints.md, "Through a job server"). The job server gives a streaming job
 whose options name no ``--checkpoint_location`` one of its own under
 ``--artifacts-dir``, ``checkpoints/<job>``, which outlives the server's
 process (``PySparkRunner``'s default, a temporary directory removed when

@@ -2,7 +2,7 @@
 
 Most of a WordCount's CPU goes to Beam's per-element machinery (operations,
 receivers, DoFn runners, windowed values), not to the user's functions
-(README, "Where the time goes"). A fused stage that starts with
+(docs/benchmarks.md, "Where the time goes"). A fused stage that starts with
 
     a data input (the splits of a bounded read, read in the stage,
     encoded elements, or a GroupByKey's grouped output) -> a tree of

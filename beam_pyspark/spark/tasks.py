@@ -136,7 +136,7 @@ def _freeze_imported_heap() -> None:
 
   PySpark runs ``gc.collect()`` after every task, and Python's full
   collections walk every live object: with Beam's ~125k long-lived module
-  objects that cost 3-6.5% of a worker's CPU (benchmarks/, README). Frozen
+  objects that cost 3-6.5% of a worker's CPU (benchmarks/, docs/benchmarks.md). Frozen
   objects are skipped; they are modules and classes, alive until the worker
   exits anyway.
   """
