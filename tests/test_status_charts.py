@@ -158,3 +158,45 @@ def test_a_streaming_jobs_charts_match_its_metrics_and_show_it_falling_behind(
         shutil.copy(shot, os.path.join(wanted, 'status-streaming.png'))
     finally:
       result.cancel()
+
+
+# -- the charts' axes and legends, drawn from plain points (no job) ----------
+
+
+def _drawn(svg: str, cls: str) -> list[float]:
+  import re
+  return [float(v) for v in re.findall(
+      rf'class="tick {cls}"[^>]*data-value="([^"]+)"', svg)]
+
+
+def test_a_charts_axes_have_round_ticks_with_units():
+  from beam_pyspark.web import charts
+  points = [{'time': 1000.0 + t, 'batch': i, 'v': 3.3 * t}
+            for i, t in enumerate(range(0, 95, 5))]
+  svg = charts.chart('c', 'Lag', 's', points, {'v': lambda p: p['v']},
+                     'recent')
+  y_ticks = _drawn(svg, 'y-tick')
+  assert y_ticks == [0, 100, 200, 300], y_ticks  # the max is 297
+  assert _drawn(svg, 'x-tick') == [0, -20, -40, -60, -80]
+  assert 'Lag (s)' in svg and 'seconds before the last micro-batch' in svg
+  assert charts.ticks(0, 0.0123) == [0, 0.0025, 0.005, 0.0075, 0.01, 0.0125]
+  assert charts.ticks(-3, 7) == [-4, -2, 0, 2, 4, 6, 8]
+
+
+def test_legends_tell_lines_with_a_long_common_prefix_apart():
+  from beam_pyspark.web import charts
+  names = ['ReadFromKafka/KafkaIO.Read/Remove Kafka Metadata/Map',
+           'ReadFromKafka/KafkaIO.Read/Remove Kafka Metadata/Filter']
+  points = [{'time': float(t), 'batch': t, 'lag': {n: t for n in names}}
+            for t in range(3)]
+  svg = charts.chart('read_lag', 'Lag', 's', points,
+                     charts._keyed_lines(points, 'lag'), 'recent')
+  import re
+  legends = re.findall(r'class="legend"[^>]*><title>([^<]*)</title>([^<]*)<',
+                       svg)
+  assert sorted(full for full, _ in legends) == sorted(names)
+  labels = [label for _, label in legends]
+  assert len(set(labels)) == 2 and all(len(l) <= 28 for l in labels), labels
+  assert charts.legend_labels(['a' * 40 + 'x', 'a' * 40 + 'x']) == [
+      '1: ' + charts._short('a' * 40 + 'x', 25),
+      '2: ' + charts._short('a' * 40 + 'x', 25)]
