@@ -13,6 +13,7 @@ growing. Set BEAM_PYSPARK_SCREENSHOTS=DIR to write the README's picture
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import urllib.parse
@@ -149,6 +150,27 @@ def test_a_streaming_jobs_charts_match_its_metrics_and_show_it_falling_behind(
       rising = sum(b > a for a, b in zip(values, values[1:]))
       assert rising >= 0.75 * (len(values) - 1), values
 
+      # Axes with round ticks, legends with the full names on hover.
+      ticks = browser.execute_script('''
+          return [...document.querySelectorAll('svg.chart')].map(
+              svg => svg.querySelectorAll('.y-tick').length);''')
+      assert ticks and min(ticks) >= 3, ticks
+      assert browser.execute_script('''
+          return [...document.querySelectorAll('svg.chart .legend')].every(
+              t => t.querySelector('title'));''')
+      # Spark's stages named after Beam's, numbered as the graph numbers
+      # them, and a bounded table of them.
+      detail = _get_json(api)
+      names = [s['name'] for s in detail['spark_stages']]
+      assert names and all(n.startswith('Beam ') for n in names), names
+      graph = browser.find_element('css selector', '#job-graph').text
+      drawn = {int(n) for n in re.findall(r'Stage (\d+)', graph)}
+      named = {int(n) for n in re.findall(r'Beam stage (\d+)', ' '.join(names))}
+      assert named and named <= drawn, (named, drawn)
+      rows = browser.execute_script(
+          'return document.querySelectorAll("#job-stages tr").length;')
+      assert rows <= 13, rows  # the last 12 and the head
+
       shot = tmp_path / 'status-streaming.png'
       charts_el = browser.find_element('css selector', '#job-streaming')
       browser.execute_script('arguments[0].scrollIntoView();', charts_el)
@@ -164,7 +186,6 @@ def test_a_streaming_jobs_charts_match_its_metrics_and_show_it_falling_behind(
 
 
 def _drawn(svg: str, cls: str) -> list[float]:
-  import re
   return [float(v) for v in re.findall(
       rf'class="tick {cls}"[^>]*data-value="([^"]+)"', svg)]
 
@@ -191,7 +212,6 @@ def test_legends_tell_lines_with_a_long_common_prefix_apart():
             for t in range(3)]
   svg = charts.chart('read_lag', 'Lag', 's', points,
                      charts._keyed_lines(points, 'lag'), 'recent')
-  import re
   legends = re.findall(r'class="legend"[^>]*><title>([^<]*)</title>([^<]*)<',
                        svg)
   assert sorted(full for full, _ in legends) == sorted(names)
