@@ -131,7 +131,7 @@ def spark_master(master: Optional[dict]) -> str:
     return ''
   text = _esc(master['master'])
   if master.get('cores'):
-    text += f' ({master["cores"]:,} cores{master.get("cores_note", "")})'
+    text += f' ({master["cores"]:,} cores)'
   return text
 
 
@@ -153,13 +153,12 @@ def _stages_section(detail: dict) -> str:
         f'{s[k]:,}' for k in ('done', 'active', 'failed', 'total')])
   ui = detail['spark_ui']
   master = spark_master(detail.get('spark_master'))
-  link = ''
-  if master or ui:
-    link = '<p class="spark">' + (
-        f'Spark master: <span id="spark-master">{master}</span>'
-        if master else '') + (' &middot; ' if master and ui else '') + (
-            f'Spark UI: <a href="{_esc(ui)}">{_esc(ui)}</a>' if ui else '') + (
-                '</p>')
+  spark = []
+  if master:
+    spark.append(f'Spark master: <span id="spark-master">{master}</span>')
+  if ui:
+    spark.append(f'Spark UI: <a href="{_esc(ui)}">{_esc(ui)}</a>')
+  link = f'<p class="spark">{" &middot; ".join(spark)}</p>' if spark else ''
   return link + note + _table(
       ['Spark stage', 'Name', 'Tasks done', 'Active', 'Failed', 'Total'], rows)
 
