@@ -139,3 +139,51 @@ def _as_pipeline_error(cls: type, message: str) -> Optional[BaseException]:
     # Layouts that cannot be combined (some C types), or a constructor
     # that does not take one message: keep the job's own error.
     return None
+
+
+# Lines of a JVM's dump that say nothing of why a job failed: a streaming
+# query's state ("Thread State: RUNNABLE"), stack frames, plan headers.
+_DUMP_LINE = re.compile(
+    r'^(?:Thread State:|Current State:|Current \w+ Offsets?:|=== .* ===$|'
+    r'at [\w$.<>]+\(|\.\.\. \d+ more$|Caused by: \S+$|[-=]{3,}$|'
+    r'During handling of the above exception|'
+    r'The above exception was the direct cause)')
+_QUERY_TERMINATED = re.compile(
+    r'terminated with exception: (?P<cause>.*?)(?:\s*SQLSTATE: \w+)?$')
+MAX_ROOT_CAUSE_CHARS = 300
+
+
+def root_cause(error: str) -> str:
+  """One line saying why a job failed, for summaries (the status page,
+  the job's log line): the error's first line, or, where that is a
+  traceback's header, the exception the traceback ends in (the user's or
+  Beam's, e.g. "ValueError: boom [while running 'Parse']"); never a line
+  of a JVM's dump ("Thread State: RUNNABLE"), which a failed streaming
+  query's text ends in."""
+  lines = [line.rstrip() for line in (error or '').splitlines()]
+  chosen = ''
+  in_traceback = False
+  for line in lines:
+    text = line.strip()
+    if not text:
+      continue
+    if text.startswith(_TRACEBACK):
+      in_traceback = True
+      continue
+    if in_traceback:
+      if line[:1].isspace() or _DUMP_LINE.match(text):
+        continue  # a frame, its source line, or a caret line
+      chosen = text
+      break
+    if _DUMP_LINE.match(text):
+      continue
+    chosen = text
+    break
+  if not chosen:
+    chosen = next((line.strip() for line in lines if line.strip()), '')
+  found = _QUERY_TERMINATED.search(chosen)
+  if found:
+    chosen = found.group('cause')
+  if len(chosen) > MAX_ROOT_CAUSE_CHARS:
+    chosen = chosen[:MAX_ROOT_CAUSE_CHARS - 1] + '\u2026'
+  return chosen

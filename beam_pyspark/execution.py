@@ -38,6 +38,7 @@ from beam_pyspark.errors import JobCancelledError
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.errors import UnsupportedPipelineError
 from beam_pyspark.errors import out_of_memory
+from beam_pyspark.errors import root_cause
 from beam_pyspark.options import RunnerOptions
 from beam_pyspark.planning import check_supported
 from beam_pyspark.planning import plan_pipeline
@@ -368,11 +369,6 @@ class PipelineExecution:
     self.error = error
     # One line here: the whole error (the user's traceback) is the job's
     # message, and what the runner raises.
-    _LOGGER.error('Job %s failed: %s', self.job_id, oom or _last_line(error))
+    _LOGGER.error('Job %s failed: %s', self.job_id, oom or root_cause(error))
     self.message(error, Importance.JOB_MESSAGE_ERROR)
     self._set_state(JobState.FAILED)
-
-
-def _last_line(error: str) -> str:
-  lines = [line for line in error.strip().splitlines() if line.strip()]
-  return lines[-1].strip() if lines else error

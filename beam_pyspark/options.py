@@ -16,6 +16,8 @@ import dataclasses
 import difflib
 import json
 import logging
+import os
+import re
 from typing import Any
 from typing import Iterable
 from typing import Optional
@@ -483,6 +485,18 @@ def ignored_by_job_server(job_options: dict, server_master: str) -> list[str]:
       continue
     notes.append(f'--{name}={redact(name, value)} is ignored: {why}.')
   return notes
+
+
+def program_job_name(argv0: str) -> Optional[str]:
+  """A job's name when the user gave no ``--job_name``: its program's
+  ('wordcount' for ``python wordcount.py``), as Spark names an application
+  and Beam's Java SDK its jobs by their main class; None where there is no
+  program to name (``python -c``, a notebook)."""
+  name = os.path.splitext(os.path.basename(argv0 or ''))[0]
+  if not re.fullmatch(r'[A-Za-z0-9][\w.-]{0,62}', name) or name in (
+      '__main__', 'ipykernel_launcher'):
+    return None
+  return name
 
 
 def job_name(job_options: Optional[dict]) -> Optional[str]:

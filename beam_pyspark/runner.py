@@ -131,7 +131,8 @@ class PySparkRunner(runner.PipelineRunner):
     status_url = None
     if runner_options.status_port is not None:
       status_url = status_page(runner_options.status_port)
-    job_name = options_module.job_name(runner_options.job_options)
+    job_name = (options_module.job_name(runner_options.job_options) or
+                options_module.program_job_name(sys.argv[0]))
     # Docker environments (an expansion service's, say) run as the
     # overrides say: executors have no Docker daemon.
     pipeline = beam_runner_api_pb2.Pipeline.FromString(

@@ -72,3 +72,6 @@ def test_streaming_micro_batches_are_named_with_their_stages():
   assert batches, descriptions
   assert any('Count' in d for d in batches), batches
   assert not [s for s in stages if 'beam_pyspark/' in s], stages
+  # Every stage named by Beam: no PySpark call site of the foreachBatch
+  # thread ("call at .../py4j/clientserver.py:644").
+  assert not [s for s in stages if not s.startswith('Beam ')], stages

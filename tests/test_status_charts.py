@@ -13,6 +13,7 @@ docs/guide/status-page.md shows (docs/status-streaming.png) there.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import urllib.parse
@@ -149,6 +150,27 @@ def test_a_streaming_jobs_charts_match_its_metrics_and_show_it_falling_behind(
       rising = sum(b > a for a, b in zip(values, values[1:]))
       assert rising >= 0.75 * (len(values) - 1), values
 
+      # Axes with round ticks, legends with the full names on hover.
+      ticks = browser.execute_script('''
+          return [...document.querySelectorAll('svg.chart')].map(
+              svg => svg.querySelectorAll('.y-tick').length);''')
+      assert ticks and min(ticks) >= 3, ticks
+      assert browser.execute_script('''
+          return [...document.querySelectorAll('svg.chart .legend')].every(
+              t => t.querySelector('title'));''')
+      # Spark's stages named after Beam's, numbered as the graph numbers
+      # them, and a bounded table of them.
+      detail = _get_json(api)
+      names = [s['name'] for s in detail['spark_stages']]
+      assert names and all(n.startswith('Beam ') for n in names), names
+      graph = browser.find_element('css selector', '#job-graph').text
+      drawn = {int(n) for n in re.findall(r'Stage (\d+)', graph)}
+      named = {int(n) for n in re.findall(r'Beam stage (\d+)', ' '.join(names))}
+      assert named and named <= drawn, (named, drawn)
+      rows = browser.execute_script(
+          'return document.querySelectorAll("#job-stages tr").length;')
+      assert rows <= 13, rows  # the last 12 and the head
+
       shot = tmp_path / 'status-streaming.png'
       charts_el = browser.find_element('css selector', '#job-streaming')
       browser.execute_script('arguments[0].scrollIntoView();', charts_el)
@@ -158,3 +180,43 @@ def test_a_streaming_jobs_charts_match_its_metrics_and_show_it_falling_behind(
         shutil.copy(shot, os.path.join(wanted, 'status-streaming.png'))
     finally:
       result.cancel()
+
+
+# -- the charts' axes and legends, drawn from plain points (no job) ----------
+
+
+def _drawn(svg: str, cls: str) -> list[float]:
+  return [float(v) for v in re.findall(
+      rf'class="tick {cls}"[^>]*data-value="([^"]+)"', svg)]
+
+
+def test_a_charts_axes_have_round_ticks_with_units():
+  from beam_pyspark.web import charts
+  points = [{'time': 1000.0 + t, 'batch': i, 'v': 3.3 * t}
+            for i, t in enumerate(range(0, 95, 5))]
+  svg = charts.chart('c', 'Lag', 's', points, {'v': lambda p: p['v']},
+                     'recent')
+  y_ticks = _drawn(svg, 'y-tick')
+  assert y_ticks == [0, 100, 200, 300], y_ticks  # the max is 297
+  assert _drawn(svg, 'x-tick') == [0, -20, -40, -60, -80]
+  assert 'Lag (s)' in svg and 'seconds before the last micro-batch' in svg
+  assert charts.ticks(0, 0.0123) == [0, 0.0025, 0.005, 0.0075, 0.01, 0.0125]
+  assert charts.ticks(-3, 7) == [-4, -2, 0, 2, 4, 6, 8]
+
+
+def test_legends_tell_lines_with_a_long_common_prefix_apart():
+  from beam_pyspark.web import charts
+  names = ['ReadFromKafka/KafkaIO.Read/Remove Kafka Metadata/Map',
+           'ReadFromKafka/KafkaIO.Read/Remove Kafka Metadata/Filter']
+  points = [{'time': float(t), 'batch': t, 'lag': {n: t for n in names}}
+            for t in range(3)]
+  svg = charts.chart('read_lag', 'Lag', 's', points,
+                     charts._keyed_lines(points, 'lag'), 'recent')
+  legends = re.findall(r'class="legend"[^>]*><title>([^<]*)</title>([^<]*)<',
+                       svg)
+  assert sorted(full for full, _ in legends) == sorted(names)
+  labels = [label for _, label in legends]
+  assert len(set(labels)) == 2 and all(len(l) <= 28 for l in labels), labels
+  assert charts.legend_labels(['a' * 40 + 'x', 'a' * 40 + 'x']) == [
+      '1: ' + charts._short('a' * 40 + 'x', 25),
+      '2: ' + charts._short('a' * 40 + 'x', 25)]

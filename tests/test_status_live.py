@@ -235,6 +235,27 @@ def test_the_list_shows_a_running_jobs_progress_advancing(
             'svg.chart[data-chart="tasks_done"] g[data-series="done"] circle'
         )).map(c => Number(c.dataset.value));''')
     assert len(done) >= 2 and done == sorted(done) and done[-1] > done[0], done
+    # What a new user found (issue 43): the job's own name, its real first
+    # state, the options set (Beam's defaults folded away), the master.
+    assert _text(browser, 'h1') == 'progress-list'
+    states = browser.execute_script('''
+        const h = [...document.querySelectorAll('h2')].find(
+            e => e.textContent === 'States');
+        return [...h.nextElementSibling.querySelectorAll('li')].map(
+            li => li.textContent);''')
+    assert states[0].endswith('PREPARED') and 'STOPPED' not in ' '.join(
+        states), states
+    assert states[-1].endswith('DONE'), states
+    assert not browser.execute_script(
+        'return document.getElementById("all-options").open;')
+    set_rows = browser.execute_script(
+        'return document.querySelectorAll("table.options-set tr").length;')
+    assert 2 <= set_rows <= 10, set_rows  # its head and the few set
+    master = _text(browser, '#spark-master')
+    assert re.fullmatch(r'local\[[\d*]+\] \(\d+ cores\)', master), master
+    height = browser.execute_script(
+        'return document.documentElement.scrollHeight;')
+    print(f'the job page is {height} px tall')
     wanted = os.environ.get('BEAM_PYSPARK_SCREENSHOTS')
     shot = tmp_path / 'status-page.png'
     browser.save_screenshot(str(shot))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -118,7 +119,19 @@ def test_the_runner_serves_its_own_jobs_when_asked(tmp_path):
   rows = json.loads(_get(url + 'api/jobs')[2])
   mine = [r for r in rows if r['job_name'] == 'mine']
   assert mine and mine[0]['state'] == 'DONE'
-  assert b'<svg' in _get(url + 'jobs/' + mine[0]['job_id'])[2]
+  page = _get(url + 'jobs/' + mine[0]['job_id'])[2].decode()
+  assert b'<svg' in page.encode() and '<h1>mine</h1>' in page
+  # Its real first state, the master Spark ran and the options set.
+  detail = json.loads(_get(url + 'api/jobs/' + mine[0]['job_id'])[2])
+  assert [s['label'] for s in detail['states']][:2] == ['PREPARED', 'STARTING']
+  from conftest import SPARK_MASTER
+  cores = SPARK_MASTER[len('local['):-1]
+  assert detail['spark_master'] == {'master': SPARK_MASTER,
+                                    'cores': int(cores)}
+  assert f'{SPARK_MASTER} ({cores} cores)' in page
+  assert set(detail['options_set']) == {
+      'job_name', 'runner', 'spark_master_url', 'status_port'}, detail[
+          'options_set']
 
 
 def test_health_and_readiness(site):
@@ -550,3 +563,112 @@ def test_task_progress_over_a_job_groups_spark_jobs():
   assert tracker.asked == asked
   assert (got['tasks_done'], got['tasks_total']) == (12, 12)
   assert [s['stage_id'] for s in got['stages']] == [0, 1, 2]
+
+
+# -- what a new user found (issue 43) -----------------------------------------
+
+
+def _page_and_detail(server, job_id):
+  quoted = urllib.parse.quote(job_id, safe='')
+  return (_get(server.url + 'jobs/' + quoted)[2].decode(),
+          json.loads(_get(server.url + 'api/jobs/' + quoted)[2]))
+
+
+def test_a_jobs_first_state_is_not_stopped_and_its_options_are_the_set_ones(
+    live_site):
+  import html as html_module
+  import re
+  from apache_beam.options.pipeline_options import PipelineOptions
+  registry, invoke, wrapped, server = live_site
+  # What Beam's PortableRunner sends: every option, defaults included.
+  sent = {f'beam:option:{k}:v1': v for k, v in PipelineOptions([
+      '--job_name=nightly-report', '--spark_parallelism=7',
+      '--experiments=use_sdf']).get_all_options(
+          retain_unknown_options=True).items() if v is not None}
+  sent['beam:option:experiments:v1'] = ['use_sdf', 'beam_fn_api']
+  sent['beam:option:spark_master_url:v1'] = 'local[4]'  # Beam's default
+  assert len(sent) > 40
+  job_id = registry.prepare('nightly-report', _pipeline(), sent).job_id
+  registry.run(job_id, invoke=invoke)
+  execution = wrapped[job_id]
+  execution.progress_value = dict(
+      _progress(1, 4), master={'master': 'local[*]', 'cores': 4})
+  page, detail = _page_and_detail(server, job_id)
+  assert '<h1>nightly-report</h1>' in page
+  states = re.findall(r'<h2>States</h2><ul>(.*?)</ul>', page)[0]
+  assert 'STOPPED' not in states, states
+  assert [s['label'] for s in detail['states']] == [
+      'PREPARED', 'STARTING', 'RUNNING']
+  assert detail['options_set'] == {
+      'experiments': ['use_sdf'], 'job_name': 'nightly-report',
+      'spark_parallelism': 7}
+  shown, hidden = page.split('<details id="all-options">')
+  assert 'spark_parallelism' in shown and 'spark_master_url' not in shown
+  assert 'local[4]' in hidden  # all of them, a click away
+  # The master as asked and as Spark resolved it; Beam's default nowhere
+  # outside the collapsed table.
+  assert 'Spark master: <span id="spark-master">local[*] (4 cores)' in page
+  assert html_module.unescape(page).count('local[4]') == 1
+
+
+def test_a_failed_jobs_summary_is_its_root_cause(live_site):
+  registry, invoke, wrapped, server = live_site
+  job_id = registry.prepare('stream', _pipeline(), {}).job_id
+  registry.run(job_id, invoke=invoke)
+  # The shape of a streaming query's failure that reached the job whole.
+  wrapped[job_id].fake.say(
+      'Traceback (most recent call last):\n'
+      '  File "sources.py", line 418, in _each\n'
+      '    self.run_batch(trigger)\n'
+      'pyspark.errors.exceptions.captured.StreamingQueryException: '
+      '[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception:'
+      ' KafkaException: broker kafka:9092 unreachable SQLSTATE: XXKST\n'
+      '=== Streaming Query ===\nCurrent State: ACTIVE\n'
+      'Thread State: RUNNABLE\n', Importance.JOB_MESSAGE_ERROR)
+  wrapped[job_id].fake.emit(JobState.FAILED)
+  page, detail = _page_and_detail(server, job_id)
+  assert detail['failure'] == 'KafkaException: broker kafka:9092 unreachable'
+  assert ('id="job-failure">KafkaException: broker kafka:9092 unreachable'
+          in page)
+
+
+def test_root_cause_is_the_first_line_or_the_tracebacks_exception():
+  from beam_pyspark.errors import root_cause
+  assert root_cause("boom 1 [while running 'Parse']\n\nTraceback (most "
+                    "recent call last):\n  File \"x.py\", line 1\n"
+                    "ValueError: boom 1") == "boom 1 [while running 'Parse']"
+  assert root_cause('Traceback (most recent call last):\n  File "a.py", '
+                    'line 3, in f\n    g()\n        ^^^\nValueError: bad\n\n'
+                    'During handling of the above exception, another '
+                    'exception occurred:\n\nTraceback (most recent call '
+                    'last):\nRuntimeError: wrapper') == 'ValueError: bad'
+  assert root_cause('\nThread State: RUNNABLE\nThe query failed: x') == (
+      'The query failed: x')
+  assert len(root_cause('x' * 5000)) == 300
+
+
+def test_a_streaming_jobs_spark_stages_are_bounded_on_its_page(live_site):
+  from beam_pyspark.web.pages import STREAMING_STAGES_SHOWN
+  registry, invoke, wrapped, server = live_site
+  job_id = registry.prepare('stream', _pipeline(), {}).job_id
+  registry.run(job_id, invoke=invoke)
+  execution = wrapped[job_id]
+  execution.streaming_value = {'micro_batches': []}
+  stages = [{'stage_id': i, 'attempt': 0, 'name': f'Beam stage {i % 3 + 1}',
+             'total': 2, 'done': 2, 'active': 0, 'failed': 0, 'url': None}
+            for i in range(100)]
+  execution.progress_value = dict(_progress(200, 200), stages=stages,
+                                  spark_jobs_count=60)
+  page, _ = _page_and_detail(server, job_id)
+  table = page.split('<div id="job-stages">')[1].split('</div>')[0]
+  assert table.count('<tr>') == STREAMING_STAGES_SHOWN + 1  # and its head
+  assert '<td>99</td>' in table and '<td>50</td>' not in table
+  assert '60 Spark jobs so far' in table
+
+
+def test_the_runner_names_an_unnamed_job_after_its_program():
+  from beam_pyspark.options import program_job_name
+  assert program_job_name('/home/me/wordcount.py') == 'wordcount'
+  assert program_job_name('-c') is None
+  assert program_job_name('/x/pytest/__main__.py') is None
+  assert program_job_name('') is None

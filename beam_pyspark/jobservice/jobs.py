@@ -411,6 +411,12 @@ class JobRegistry(Restarts):
     with self._cond:
       return self._get(job_id).pipeline
 
+  def plan(self, job_id: str):
+    """The plan the job's execution runs, once it planned (None before, or
+    for an executor that has none): the status page draws it."""
+    with self._cond:
+      return getattr(self._get(job_id).execution, 'plan', None)
+
   def metrics(self, job_id: str) -> tuple[list, list]:
     """(committed, attempted) MonitoringInfos: live while the job runs."""
     from apache_beam.portability.api import metrics_pb2  # pylint: disable=import-outside-toplevel

@@ -43,12 +43,16 @@ def call_site(sc, text: str):
 
 
 @contextlib.contextmanager
-def job_description(sc, text: str, restore: str):
+def job_description(sc, text: str, restore: str, site: str = ''):
   """Spark jobs started inside are described as ``text`` (Spark's jobs
-  page, its REST API's ``description``); ``restore`` afterwards."""
+  page, its REST API's ``description``); ``restore`` afterwards. ``site``:
+  the call site of RDDs PySpark makes inside (``call_site``), e.g. the one
+  an action adds: else its stage reads "call at .../clientserver.py:644"
+  on a streaming job's foreachBatch thread."""
   sc.setJobDescription(text[:MAX_DESCRIPTION])
   try:
-    yield
+    with call_site(sc, site) if site else contextlib.nullcontext():
+      yield
   finally:
     try:
       sc.setJobDescription(restore)

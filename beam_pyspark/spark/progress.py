@@ -15,6 +15,8 @@ import time
 from typing import Callable
 from typing import Optional
 
+from beam_pyspark.spark.session import master_info
+
 # A status page polled by several browsers, and the client's progress
 # line, ask often: each answer costs a few py4j calls per stage.
 CACHE_SECS = 0.5
@@ -153,6 +155,8 @@ class ProgressTracker:
     # Tasks done over time, one point a snapshot (its page's chart); the
     # oldest half thinned out when full.
     self._history: list[dict] = []
+    # The master as asked and as Spark resolved it (the status page's).
+    self._master: Optional[dict] = None
 
   def snapshot(self, max_age: float = CACHE_SECS) -> dict:
     with self._lock:
@@ -172,6 +176,9 @@ class ProgressTracker:
         half = len(self._history) // 2
         self._history[:half] = self._history[:half:2]
       progress['history'] = list(self._history)
+      if self._master is None:  # a py4j call, once
+        self._master = master_info(sc)
+      progress['master'] = self._master
       self._last = (now, progress)
       return progress
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -114,6 +115,28 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
   _quiet_task_failures(sc)
   _LOGGER.info('Started Spark %s on %s', sc.version, master)
   return sc
+
+
+_LOCAL = re.compile(r'^local(?:\[(?P<threads>\*|\d+)(?:,\d+)?\])?$')
+
+
+def master_info(sc) -> dict:
+  """The master the job runs on as given ('local[*]'), and for a local one
+  the cores Spark resolved it to: '*' is the JVM's available processors
+  (SparkContext's localCpuCount), which a container's CPU limit lowers."""
+  info: dict = {'master': sc.master}
+  local = _LOCAL.match(sc.master or '')
+  if local:
+    threads = local.group('threads')
+    if threads == '*':
+      try:
+        info['cores'] = int(sc._jvm.java.lang.Runtime.getRuntime()  # pylint: disable=protected-access
+                            .availableProcessors())
+      except Exception:  # pylint: disable=broad-except
+        pass  # the context stopped: the master alone
+    else:
+      info['cores'] = int(threads or 1)
+  return info
 
 
 # Spark logs every failed task attempt with the whole Python traceback

@@ -298,7 +298,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._controls.start()
     self._keyed_outs = {}
     broadcasts = len(self._broadcasts)
-    terminal = []
+    terminal = {}  # by their stages' labels (spark.naming)
     try:
       for stage in self.plan.stages:
         self._check_cancelled()
@@ -307,8 +307,8 @@ class StreamingPipelineJob(SparkPipelineJob):
         outputs = self._translate(stage)
         if outputs is not None and not any(
             self._consumers.get(b) for b in stage.outputs.values()):
-          terminal.append(self._keyed_outs.get(
-              streamreads.node_of(stage), outputs))
+          terminal[self._labels[stage.name]] = self._keyed_outs.get(
+              streamreads.node_of(stage), outputs)
       # Side inputs nothing read this wave still keep what was written.
       for buffer_id in self._side_buffer_ids:
         self._collect(buffer_id)
@@ -316,8 +316,8 @@ class StreamingPipelineJob(SparkPipelineJob):
       # output nothing reads; keyed ones' tasks send their reports to the
       # driver on the way (spark.controls); a keyed output no job ran
       # (none reads it) then runs for its reports alone.
-      self._run_for_effects(terminal)
-      self._run_for_effects(self._controls.unrun())
+      self._run_for_effects(list(terminal.values()), '; '.join(terminal))
+      self._run_for_effects(self._controls.unrun(), 'Beam keyed stages: reports')
       for node, control in self._controls.take():
         self._take_control(node, control)
     finally:
@@ -325,9 +325,10 @@ class StreamingPipelineJob(SparkPipelineJob):
       self._destroy_broadcasts(broadcasts)
       self._arrival = self._now
 
-  def _run_for_effects(self, outs: list) -> None:
-    if outs:
-      self._action(self._union([o.filter(tasks.nothing) for o in outs]).collect)
+  def _run_for_effects(self, outs: list, site: str) -> None:
+    if outs:  # its Spark stage named after what it ends (spark.naming)
+      self._action(lambda: self._union(  # its RDDs made under the site
+          [o.filter(tasks.nothing) for o in outs]).collect(), site=site)
 
   def _runs(self, stage: StagePlan) -> bool:
     """Whether ``stage`` has anything to do in this wave."""

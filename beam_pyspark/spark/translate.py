@@ -489,13 +489,13 @@ class SparkPipelineJob:
     return f'Beam job {self.job_id}' + (
         f', {self._activity}' if self._activity else '')
 
-  def _action(self, fn, what: str = ''):
+  def _action(self, fn, what: str = '', site: str = ''):
     """Runs ``fn``'s Spark jobs, described (naming.described) in Spark's UI."""
     self._check_cancelled()
     text = naming.described(self._job_label(), what, self._unlaunched)
     self._unlaunched = []
     try:
-      with naming.job_description(self.sc, text, f'Beam job {self.job_id}'):
+      with naming.job_description(self.sc, text, f'Beam job {self.job_id}', site):
         return fn()
     except Exception as exn:  # py4j errors carry the executors' traceback
       if self._cancelled.is_set():

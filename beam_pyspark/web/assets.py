@@ -29,6 +29,8 @@ ul.messages li { border-bottom: 1px solid #eee; padding: .2em 0; }
 pre { white-space: pre-wrap; margin: 0; display: inline; }
 form.cancel { display: inline; margin-left: 1em; }
 .muted { color: #777; }
+.failure { display: block; color: #b00020; font-weight: bold; margin: 4px 0;
+  white-space: pre-wrap; }
 '''
 
 # The job list: rows rebuilt from /api/jobs every second.

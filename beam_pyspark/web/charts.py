@@ -11,6 +11,7 @@ for the pointer, so what is drawn can be read back exactly.
 from __future__ import annotations
 
 import html
+import math
 from typing import Callable
 from typing import Optional
 
@@ -24,15 +25,47 @@ MAX_LINES = len(COLOURS)
 _esc = html.escape
 
 
-def _nice_max(value: float) -> float:
-  """A round upper bound for the y axis."""
-  if value <= 0:
+def _step(span: float, ticks: int = 5) -> float:
+  """A round step (1, 2, 2.5 or 5 times a power of ten) that cuts
+  ``span`` into about ``ticks`` parts."""
+  if span <= 0:
     return 1.0
-  magnitude = 10 ** (len(str(int(value))) - 1) if value >= 1 else 0.1
+  raw = span / ticks
+  magnitude = 10 ** math.floor(math.log10(raw))
   for step in (1, 2, 2.5, 5, 10):
-    if value <= step * magnitude:
+    if raw <= step * magnitude:
       return step * magnitude
   return 10 * magnitude
+
+
+def ticks(low: float, high: float, count: int = 5) -> list[float]:
+  """Round tick values from ``low`` (rounded down) up to at least
+  ``high``: the axis' ends and what lies between, each labelled."""
+  step = _step(high - low, count)
+  first = math.floor(low / step) * step
+  values = [first]
+  while values[-1] < high - step * 1e-9:
+    values.append(round(first + step * len(values), 10))
+  return values
+
+
+def _short(name: str, limit: int = 28) -> str:
+  """A legend's label: long names cut in the middle, so that names
+  sharing a long prefix (a pipeline's transforms) keep what tells them
+  apart, their ends."""
+  if len(name) <= limit:
+    return name
+  head = (limit - 1) // 3
+  return name[:head] + '\u2026' + name[-(limit - 1 - head):]
+
+
+def legend_labels(names: list[str], limit: int = 28) -> list[str]:
+  """Labels that tell the lines apart: each cut in the middle, and any
+  that still read the same numbered ('1: ...')."""
+  labels = [_short(n, limit) for n in names]
+  if len(set(labels)) < len(labels):
+    labels = [f'{i + 1}: {_short(n, limit - 3)}' for i, n in enumerate(names)]
+  return labels
 
 
 def _fmt(value: float) -> str:
@@ -51,8 +84,9 @@ def chart(name: str, title: str, unit: str, points: list[dict],
   ``level``: a dashed horizontal line (e.g. the trigger interval)."""
   values = {n: [(p, f(p)) for p in points] for n, f in lines.items()}
   finite = [v for vs in values.values() for _, v in vs if v is not None]
-  top = _nice_max(max(finite + ([level] if level else []), default=0))
-  bottom = min(0.0, min(finite, default=0.0))
+  y_ticks = ticks(min(0.0, min(finite, default=0.0)),
+                  max(finite + ([level] if level else []), default=0) or 1.0)
+  bottom, top = y_ticks[0], y_ticks[-1]
   t0 = points[0]['time'] if points else 0.0
   t1 = points[-1]['time'] if points else 1.0
   span = max(t1 - t0, 1e-6)
@@ -71,18 +105,33 @@ def chart(name: str, title: str, unit: str, points: list[dict],
       f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">',
       f'<text x="{LEFT}" y="14" class="chart-title">{_esc(title)}'
       f'{" (" + _esc(unit) + ")" if unit else ""}</text>',
+  ]
+  # The y axis: a labelled tick and a faint grid line at each round value.
+  for v in y_ticks:
+    parts.append(
+        f'<line class="grid" x1="{LEFT}" x2="{LEFT + plot_w}" '
+        f'y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+        f'<text x="{LEFT - 4}" y="{y(v) + 3:.1f}" class="tick y-tick" '
+        f'text-anchor="end" data-value="{v:g}">{_fmt(v)}</text>')
+  # The x axis: seconds before the last point, at round steps.
+  if len(points) > 1:
+    for ago in ticks(0.0, span):
+      if ago > span + 1e-9:
+        break
+      px = LEFT + plot_w - ago / span * plot_w
+      parts.append(
+          f'<line class="axis" x1="{px:.1f}" x2="{px:.1f}" '
+          f'y1="{TOP + plot_h}" y2="{TOP + plot_h + 3}"/>'
+          f'<text x="{px:.1f}" y="{TOP + plot_h + 13}" class="tick x-tick" '
+          f'text-anchor="middle" data-value="{-ago if ago else 0:g}">'
+          f'{"0" if ago == 0 else "-" + _fmt(ago)}</text>')
+  parts += [
       f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" '
       f'y2="{TOP + plot_h}"/>',
       f'<line class="axis" x1="{LEFT}" y1="{TOP + plot_h}" '
       f'x2="{LEFT + plot_w}" y2="{TOP + plot_h}"/>',
-      f'<text x="{LEFT - 4}" y="{TOP + 4}" class="tick" '
-      f'text-anchor="end">{_fmt(top)}</text>',
-      f'<text x="{LEFT - 4}" y="{TOP + plot_h}" class="tick" '
-      f'text-anchor="end">{_fmt(bottom)}</text>',
-      f'<text x="{LEFT}" y="{HEIGHT - 8}" class="tick">'
-      f'{"-" + _fmt(span) + " s" if len(points) > 1 else ""}</text>',
-      f'<text x="{LEFT + plot_w}" y="{HEIGHT - 8}" class="tick" '
-      'text-anchor="end">last micro-batch</text>',
+      f'<text x="{LEFT + plot_w}" y="{HEIGHT - 2}" class="tick" '
+      f'text-anchor="end">seconds before the last {_esc(point)}</text>',
   ]
   if level:
     parts.append(f'<line class="level" x1="{LEFT}" x2="{LEFT + plot_w}" '
@@ -92,6 +141,7 @@ def chart(name: str, title: str, unit: str, points: list[dict],
     parts.append(f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" '
                  'class="tick" text-anchor="middle">no values yet</text>')
   legend_x = LEFT + 8
+  labels = legend_labels(list(values))
   for i, (line, pairs) in enumerate(values.items()):
     colour = COLOURS[i % len(COLOURS)]
     shown = [(p, v) for p, v in pairs if v is not None]
@@ -106,9 +156,10 @@ def chart(name: str, title: str, unit: str, points: list[dict],
           f'<title>{_esc(line)}: {_fmt(v)} {_esc(unit)} ({point} '
           f'{p["batch"]})</title></circle>')
     parts.append('</g>')
-    label = line if len(line) <= 28 else line[:27] + '\u2026'
+    # The whole name on the pointer (an SVG <title>).
     parts.append(f'<text x="{legend_x}" y="{TOP + 12 + 12 * i}" '
-                 f'class="legend" fill="{colour}">{_esc(label)}</text>')
+                 f'class="legend" fill="{colour}" data-series="{_esc(line)}">'
+                 f'<title>{_esc(line)}</title>{_esc(labels[i])}</text>')
   parts.append('</svg>')
   return ''.join(parts)
 
@@ -171,4 +222,5 @@ STYLE = ('.charts{display:flex;flex-wrap:wrap;gap:8px}'
          '.chart .tick{font:10px sans-serif;fill:#555}'
          '.chart .legend{font:bold 10px sans-serif}'
          '.chart .axis{stroke:#999}'
+         '.chart .grid{stroke:#eee}'
          '.chart .level{stroke:#999;stroke-dasharray:4 3}')

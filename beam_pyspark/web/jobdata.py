@@ -16,6 +16,7 @@ from apache_beam.metrics import monitoring_infos as mi
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.errors import root_cause
 from beam_pyspark.events import Importance
 from beam_pyspark.events import JobState
 from beam_pyspark.events import state_name
@@ -170,15 +171,87 @@ def messages(registry, job_id: str, min_importance: int) -> list[dict]:
           for m in shown]
 
 
+def _plain(key: str) -> str:
+  if key.startswith('beam:option:') and key.endswith(':v1'):
+    return key[len('beam:option:'):-len(':v1')]
+  return key
+
+
 def options(job) -> dict:
   """The job's pipeline options by their plain names, secret-looking
   values redacted (beam_pyspark.redaction)."""
+  return {_plain(k): redact(_plain(k), v)
+          for k, v in sorted(job.options.items())}
+
+
+_defaults: Optional[dict] = None
+# What Beam's clients add to every portable pipeline's experiments.
+_ADDED_EXPERIMENTS = ('beam_fn_api',)
+
+
+def beam_defaults() -> dict:
+  """Beam's default value of each pipeline option Python knows (this
+  runner's among them), computed once: Beam's clients send every option,
+  defaults included (80 of them for a plain pipeline)."""
+  global _defaults  # pylint: disable=global-statement
+  if _defaults is None:
+    from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=import-outside-toplevel
+    import beam_pyspark.options  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    _defaults = dict(PipelineOptions([]).get_all_options(
+        retain_unknown_options=True))
+  return _defaults
+
+
+def set_options(job) -> dict:
+  """The options the user set, redacted as ``options``: those whose value
+  is not Beam's default (an option Python's Beam does not know, a Java
+  SDK's say, counts as set). A user who set an option to its default value
+  is not told apart from one who did not: the Job API carries values, not
+  flags."""
+  defaults = beam_defaults()
   shown = {}
   for key, value in sorted(job.options.items()):
-    if key.startswith('beam:option:') and key.endswith(':v1'):
-      key = key[len('beam:option:'):-len(':v1')]
-    shown[key] = redact(key, value)
+    name = _plain(key)
+    if name == 'experiments' and isinstance(value, list):
+      value = [e for e in value if e not in _ADDED_EXPERIMENTS] or None
+    if name not in defaults or not _same(defaults[name], value):
+      shown[name] = redact(name, value)
   return shown
+
+
+def _same(default, value) -> bool:
+  # The Job API carries numbers as doubles (a Struct): 1 arrives as 1.0.
+  if default is None:
+    return value is None or value is False or value in ('', [], {})
+  return default == value or str(default) == str(value)
+
+
+def states(job) -> list[dict]:
+  """The job's states, the first as Beam has it. Beam's Job API reads a
+  prepared job as STOPPED ("not started yet"): the page calls that entry
+  'PREPARED', so that a job's first state never reads as if it had been
+  stopped."""
+  shown = []
+  for i, e in enumerate(job.states):
+    name = state_name(e.state)
+    label = name
+    if i == 0 and e.state == JobState.STOPPED:
+      label = 'PREPARED'
+    shown.append({'state': name, 'label': label, 'time': e.timestamp,
+                  'at': when(e.timestamp)})
+  return shown
+
+
+def failure(registry, job) -> Optional[str]:
+  """A failed job's root cause in one line (errors.root_cause of its
+  error message); None unless it failed."""
+  if job.state != JobState.FAILED:
+    return None
+  errors = [m for m in registry.messages(job.job_id)
+            if m.importance >= Importance.JOB_MESSAGE_ERROR]
+  if not errors:
+    return 'The job failed (its messages say no more).'
+  return root_cause(errors[-1].text)
 
 
 def job_detail(registry, job_id: str, min_importance: int) -> dict:
@@ -188,16 +261,19 @@ def job_detail(registry, job_id: str, min_importance: int) -> dict:
   progress = registry.progress(job_id) or {}
   detail = job_row(registry, job)
   detail.update({
-      'states': [{'state': state_name(e.state), 'time': e.timestamp,
-                  'at': when(e.timestamp)} for e in job.states],
+      'states': states(job),
+      'failure': failure(registry, job),
       'spark_ui': progress.get('spark_ui'),
+      'spark_master': progress.get('master'),
       'spark_stages': list(progress.get('stages', [])),
+      'spark_jobs_count': progress.get('spark_jobs_count'),
       'progress_history': list(progress.get('history', [])),
       'beam_stage_tasks_done': dict(progress.get('beam_stages', {})),
       'metrics': user_metrics(committed, attempted),
       'element_counts': element_counts(committed),
       'messages': messages(registry, job_id, min_importance),
       'options': options(job),
+      'options_set': set_options(job),
       'artifacts': artifacts(registry.pipeline(job_id)),
       'streaming': registry.streaming_status(job_id),
   })

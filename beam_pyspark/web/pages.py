@@ -119,18 +119,47 @@ def _metrics_section(metrics: dict) -> str:
   return ''.join(parts)
 
 
+# A streaming job runs Spark stages for each micro-batch: its table shows
+# the last ones only (progress keeps spark.progress.MAX_STAGES_SHOWN).
+STREAMING_STAGES_SHOWN = 12
+
+
+def spark_master(master: Optional[dict]) -> str:
+  """'local[*] (4 cores)': the master the job asked for, and what Spark
+  made of it (spark.session.master_info)."""
+  if not master:
+    return ''
+  text = _esc(master['master'])
+  if master.get('cores'):
+    text += f' ({master["cores"]:,} cores)'
+  return text
+
+
 def _stages_section(detail: dict) -> str:
+  stages = detail['spark_stages']
+  note = ''
+  if detail['streaming'] and len(stages) > STREAMING_STAGES_SHOWN:
+    note = (f'<p class="muted">The last {STREAMING_STAGES_SHOWN} Spark '
+            f'stages (a streaming job runs some for each micro-batch; '
+            f'{detail.get("spark_jobs_count") or 0:,} Spark jobs so far).'
+            '</p>')
+    stages = stages[-STREAMING_STAGES_SHOWN:]
   rows = []
-  for s in detail['spark_stages']:
+  for s in stages:
     name = _esc(s['name'])
     if s.get('url'):
       name = f'<a href="{_esc(s["url"])}">{name}</a>'
     rows.append([str(s['stage_id']), name] + [
         f'{s[k]:,}' for k in ('done', 'active', 'failed', 'total')])
   ui = detail['spark_ui']
-  link = (f'<p>Spark UI: <a href="{_esc(ui)}">{_esc(ui)}</a></p>'
-          if ui else '')
-  return link + _table(
+  master = spark_master(detail.get('spark_master'))
+  spark = []
+  if master:
+    spark.append(f'Spark master: <span id="spark-master">{master}</span>')
+  if ui:
+    spark.append(f'Spark UI: <a href="{_esc(ui)}">{_esc(ui)}</a>')
+  link = f'<p class="spark">{" &middot; ".join(spark)}</p>' if spark else ''
+  return link + note + _table(
       ['Spark stage', 'Name', 'Tasks done', 'Active', 'Failed', 'Total'], rows)
 
 
@@ -182,7 +211,10 @@ def job_sections(detail: dict, graph: Callable[[], str]) -> dict[str, str]:
                     f'{detail["state"]}</span> '
                     f'<span class="progress">'
                     f'{progress_bar(detail["progress"])}</span> '
-                    f'<span class="muted">{_duration(detail)}</span>'),
+                    f'<span class="muted">{_duration(detail)}</span>'
+                    + (f'<span class="failure" id="job-failure">'
+                       f'{_esc(detail["failure"])}</span>'
+                       if detail.get('failure') else '')),
       'job-graph': graph(),
       'job-stages': _stages_section(detail) + (
           '' if detail['streaming'] else
@@ -218,10 +250,17 @@ def job_page(detail: dict, sections: dict[str, str], importance: str,
                  'id="drain" title="Reads stop at what they hold, every '
                  'window fires, then the job ends DRAINED">Drain</button>'
                  '</form>')
-  states = ''.join(f'<li>{s["at"]} {s["state"]}</li>'
+  states = ''.join(f'<li>{s["at"]} {s.get("label") or s["state"]}</li>'
                    for s in detail['states'])
-  options = _table(['Option', 'Value'], [
-      [_esc(k), _value(v)] for k, v in detail['options'].items()])
+  chosen = detail.get('options_set', detail['options'])
+  options = (_table(['Option', 'Value'], [
+      [_esc(k), _value(v)] for k, v in chosen.items()], 'options-set')
+             if chosen else '<p class="muted">Only Beam\'s defaults.</p>')
+  options += (f'<details id="all-options"><summary>All '
+              f'{len(detail["options"])} options, Beam\'s defaults '
+              f'included</summary>' + _table(['Option', 'Value'], [
+                  [_esc(k), _value(v)] for k, v in detail['options'].items()])
+              + '</details>')
   artifacts = _table(['Environment', 'Name', 'Location', 'Type'], [
       [_esc(a['environment']), _esc(a['name']), _esc(a['location']),
        _esc(a['type'])] for a in detail['artifacts']])
@@ -244,6 +283,6 @@ def job_page(detail: dict, sections: dict[str, str], importance: str,
       f'<h2>Messages</h2>{_filters(job_id, importance)}'
       f'<div id="job-messages">{sections["job-messages"]}</div>'
       f'<h2>States</h2><ul>{states}</ul>'
-      f'<h2>Options</h2>{options}'
+      f'<h2>Options you set</h2>{options}'
       f'<h2>Staged artifacts</h2>{artifacts}</div>')
   return page(f'{detail["job_name"]} - beam-pyspark', body, assets.JOB_SCRIPT)

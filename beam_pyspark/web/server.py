@@ -154,6 +154,12 @@ class StatusPages:
             for j in reversed(self.registry.jobs())]
 
   def _plan(self, job_id: str):
+    # The plan the job runs, once it is planned: a streaming job's has
+    # more stages than a batch plan of its pipeline, and Spark's stages
+    # are named by its numbering ("Beam stage 6"), so the graph must be.
+    running = self.registry.plan(job_id)
+    if running is not None:
+      return running
     with self._plans_lock:
       if job_id in self._plans:
         self._plans.move_to_end(job_id)
