@@ -1,6 +1,6 @@
 """Streaming checkpoints on HDFS (issue 31).
 
-Apache Hadoop's MiniDFSCluster on loopback (tests/storage_servers.py):
+Apache Hadoop's MiniDFSCluster on loopback (beam_pyspark/local/stores.py):
 the runner's Python side reaches it through WebHDFS (Beam's --hdfs_host
 and --hdfs_port), Spark's JVM through Hadoop's own client (hdfs://). The
 store's guarantees (a whole file or none, a manifest committed once: an
@@ -23,11 +23,11 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_job_api_pb2
 
+from beam_pyspark.local.stores import MiniHdfs
 from checkpoint_store_checks import check_checkpoint_dir
 from checkpoint_store_checks import check_store
 from checkpoint_store_checks import location
 from jobserver_process import JobServerProcess
-from storage_servers import MiniHdfs
 import streaming_recovery_job as job
 
 HERE = os.path.dirname(os.path.abspath(__file__))

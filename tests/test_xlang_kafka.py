@@ -1,7 +1,7 @@
 """Kafka from a Python pipeline, in batch: Beam's Java KafkaIO through its
 expansion service, against a real Apache Kafka broker.
 
-The broker is Kafka's own (tests/kafka_broker.py: one KRaft node on
+The broker is Kafka's own (beam_pyspark/local/kafka.py: one KRaft node on
 loopback, topics of several partitions). ``WriteToKafka`` and a bounded
 ``ReadFromKafka`` (``max_num_records``) are expanded by Beam's Java
 expansion service (Beam 2.71.0, scripts/expansion-service.sh) into Java
@@ -28,9 +28,9 @@ from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.local.expansion import ExpansionService
+from beam_pyspark.local.kafka import KafkaBroker
 from jobserver_process import JobServerProcess
-from kafka_broker import KafkaBroker
-from xlang_sdk import ExpansionService
 
 PARTITIONS = 3
 SEEDED = [(f'key-{i % 7}', f'seeded-{i}') for i in range(60)]
