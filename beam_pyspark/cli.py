@@ -18,7 +18,8 @@ import threading
 # up). Nothing here uses gRPC across a fork. Read when grpc is imported.
 os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
 
-from beam_pyspark.local import commands as local_commands  # pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from beam_pyspark.local import commands as local_commands
 
 
 def _job_server_parser(sub) -> None:
@@ -139,8 +140,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.command == 'local':
     return local_commands.run(args)
-  # Here, not above: importing Beam logs warnings that `local` has no use for.
-  from beam_pyspark.options import parse_conf  # pylint: disable=import-outside-toplevel
+  # Here, not above: importing Beam logs warnings `local` has no use for.
+  # pylint: disable-next=import-outside-toplevel
+  from beam_pyspark.options import parse_conf
   # force: importing Beam already logged a warning through the root logger,
   # which gave it a handler at WARNING; the server's INFO lines need ours.
   logging.basicConfig(

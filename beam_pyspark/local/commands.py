@@ -7,17 +7,19 @@ pastes to use it, and stops on Ctrl-C (SIGINT) or SIGTERM with one line.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 
+from beam_pyspark.local.expansion import ExpansionService
+from beam_pyspark.local.kafka import KafkaBroker
 from beam_pyspark.local.processes import ServiceError
 from beam_pyspark.local.processes import log_tail
+from beam_pyspark.local.stores import MiniHdfs
+from beam_pyspark.local.stores import MotoS3
 
 DIR_HELP = ('Where its data and log go (default: a new temporary directory, '
             'removed when it stops).')
@@ -65,7 +67,6 @@ def add_parser(sub) -> None:
 
 
 def _kafka(args, directory: str, services: list) -> str:
-  from beam_pyspark.local.kafka import KafkaBroker  # pylint: disable=import-outside-toplevel
   topics = []
   for spec in args.topic:
     name, _, partitions = spec.partition(':')
@@ -84,7 +85,6 @@ def _kafka(args, directory: str, services: list) -> str:
 
 
 def _hdfs(args, directory: str, services: list) -> str:
-  from beam_pyspark.local.stores import MiniHdfs  # pylint: disable=import-outside-toplevel
   hdfs = MiniHdfs(directory, args.port, args.http_port)
   services.append(hdfs)
   return (f'HDFS at hdfs://127.0.0.1:{hdfs.rpc_port}, WebHDFS at '
@@ -93,7 +93,6 @@ def _hdfs(args, directory: str, services: list) -> str:
 
 
 def _s3(args, directory: str, services: list) -> str:
-  from beam_pyspark.local.stores import MotoS3  # pylint: disable=import-outside-toplevel
   s3 = MotoS3(directory, args.port)
   services.append(s3)
   return (f'S3 store at {s3.endpoint}, bucket {s3.BUCKET}: '
@@ -101,7 +100,6 @@ def _s3(args, directory: str, services: list) -> str:
 
 
 def _expansion(args, directory: str, services: list) -> str:
-  from beam_pyspark.local.expansion import ExpansionService  # pylint: disable=import-outside-toplevel
   for name, port in (('sql', args.sql_port), ('kafka', args.kafka_port)):
     services.append(ExpansionService(name, directory, port=port, wait=False))
   for service in services:  # side by side: each JVM takes 5-30 s

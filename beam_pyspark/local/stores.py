@@ -93,9 +93,9 @@ class MotoS3:
                             ('s3fs', 's3fs')):
       if importlib.util.find_spec(module) is None:
         raise ServiceError(
-            f'{module} is not installed: pip install \'{package}\' (or '
-            'beam-pyspark\'s [local] extra) into this Python '
-            f'({sys.executable})')
+            f'{module} is not installed in this Python ({sys.executable}): '
+            f'pip install \'{package}\' (in a clone, `make s3` installs '
+            'the test extra, which has it)')
     os.makedirs(directory, exist_ok=True)
     self.port = processes.port_or_free(port, '--port')
     self.endpoint = f'http://127.0.0.1:{self.port}'
