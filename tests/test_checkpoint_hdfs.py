@@ -1,15 +1,15 @@
 """Streaming checkpoints on HDFS (issue 31).
 
-Apache Hadoop's MiniDFSCluster on loopback, started as `beam-pyspark
-local hdfs` (docs/local-services.md): the runner's Python side reaches it through WebHDFS (Beam's --hdfs_host
-and --hdfs_port), Spark's JVM through Hadoop's own client (hdfs://). The
-store's guarantees (a whole file or none, a manifest committed once: an
-HDFS rename never replaces), then a real job server SIGKILLed under a
-streaming job (an unbounded splittable read over many micro-batches into
-windowed sums, an idempotent sink) whose checkpoint, Spark's query
-checkpoint included, is on HDFS: the server's next start resumes the job
-from HDFS, and its output equals Beam's DirectRunner's. S3 and a driver
-killed mid-batch: test_checkpoint_s3.py.
+Apache Hadoop's MiniDFSCluster on loopback, started as `beam-pyspark local
+hdfs` (docs/local-services.md): the runner's Python side reaches it
+through WebHDFS (Beam's --hdfs_host and --hdfs_port), Spark's JVM through
+Hadoop's own client (hdfs://). The store's guarantees (a whole file or
+none, a manifest committed once: an HDFS rename never replaces), then a
+real job server SIGKILLed under a streaming job (an unbounded splittable
+read over many micro-batches into windowed sums, an idempotent sink) whose
+checkpoint, Spark's query checkpoint included, is on HDFS: the server's
+next start resumes the job from HDFS, and its output equals Beam's
+DirectRunner's. S3 and a driver killed mid-batch: test_checkpoint_s3.py.
 """
 
 from __future__ import annotations
