@@ -2,7 +2,9 @@
 them (docs/local-services.md): each started as a process, its one line
 parsed, the service used for real with what the line says to paste, then
 Ctrl-C (SIGINT): it exits 0 within seconds, saying so, with no traceback.
-HDFS's is tests/test_checkpoint_hdfs.py's store.
+Kafka's and HDFS's are the servers of tests/test_xlang_kafka.py and
+tests/test_checkpoint_hdfs.py, used by their tests and interrupted at
+their modules' ends.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import pytest
 from apache_beam.portability.api import beam_expansion_api_pb2
 from apache_beam.portability.api import beam_expansion_api_pb2_grpc
 
-from beam_pyspark.local.kafka import KafkaTools
 from checkpoint_store_checks import check_store
 from local_command import ROOT
 from local_command import LocalCommand
@@ -31,20 +32,6 @@ def test_s3_keeps_checkpoints_with_the_options_it_prints(tmp_path):
     # The runner's own store (s3fs) with the pasted options: whole writes,
     # a commit made once, listings, removal.
     check_store(command.pasted())
-  finally:
-    command.interrupt()
-
-
-def test_kafka_carries_a_record_to_its_topic(tmp_path):
-  command = LocalCommand('kafka', '--port', '0', '--topic', 'events:2',
-                         '--dir', str(tmp_path))
-  try:
-    bootstrap = re.search(r'"bootstrap.servers": "([^"]+)"',
-                          command.line).group(1)
-    assert 'topics: events:2' in command.line, command.line
-    tools = KafkaTools(bootstrap)
-    tools.produce('events', [('k', 'hello from the docs')])
-    assert tools.consume('events', 1) == [('k', 'hello from the docs')]
   finally:
     command.interrupt()
 
