@@ -34,8 +34,9 @@ class LocalCommand:
     if not found or not found[0]:
       self.proc.kill()
       _, err = self.proc.communicate(timeout=60)
-      pytest.fail(f'beam-pyspark local {args[0]} printed nothing in '
-                  f'{timeout} s:\n{err.decode(errors="replace")}')
+      pytest.fail(f'beam-pyspark local {args[0]} printed no line (it ended '
+                  f'with {self.proc.returncode}, or {timeout} s passed):\n'
+                  f'{err.decode(errors="replace")}')
     self.line = found[0].decode()
     assert self.line.rstrip().endswith('; Ctrl-C stops it'), self.line
 

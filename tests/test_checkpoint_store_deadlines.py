@@ -50,11 +50,11 @@ def s3(tmp_path_factory):
 @contextlib.contextmanager
 def frozen(server):
   """``server``'s process stopped (SIGSTOP) inside; always resumed."""
-  os.killpg(server.proc.pid, signal.SIGSTOP)
+  os.killpg(server.process.pid, signal.SIGSTOP)
   try:
     yield
   finally:
-    os.killpg(server.proc.pid, signal.SIGCONT)
+    os.killpg(server.process.pid, signal.SIGCONT)
 
 
 def _location(s3, path, timeout=TIMEOUT):

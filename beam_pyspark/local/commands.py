@@ -116,10 +116,6 @@ STARTERS = {'kafka': (_kafka, 'the Kafka broker'), 'hdfs': (_hdfs, 'HDFS'),
             'expansion-services': (_expansion, 'the expansion services')}
 
 
-def _process(service):
-  return getattr(service, 'process', None) or getattr(service, 'proc')
-
-
 def run(args) -> int:
   """Starts ``args.service``, prints its line, serves until a signal."""
   start, what = STARTERS[args.service]
@@ -149,10 +145,10 @@ def run(args) -> int:
       signal.signal(sig, lambda signum, _f: (
           received.append(signal.Signals(signum).name), stopping.set()))
     while not stopping.wait(0.5):
-      ended = [s for s in services if _process(s).poll() is not None]
+      ended = [s for s in services if s.process.poll() is not None]
       if ended:
         print(f'{prog}: {what} exited by itself with '
-              f'{_process(ended[0]).returncode}; the end of its log '
+              f'{ended[0].process.returncode}; the end of its log '
               f'({ended[0].log_path}):\n{log_tail(ended[0].log_path)}',
               file=sys.stderr, flush=True)
         code = 1

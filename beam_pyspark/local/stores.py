@@ -44,7 +44,7 @@ class MiniHdfs:
              if http_port else '0']
     os.makedirs(directory, exist_ok=True)
     self.log_path = os.path.join(directory, 'minihdfs.log')
-    self.proc = processes.start(
+    self.process = processes.start(
         [processes.java(), '-Xmx384m', '-XX:+UseSerialGC', '-cp', jars,
          os.path.join(hdfs_dir, 'MiniHdfs.java'),
          os.path.join(directory, 'data'), *ports],
@@ -60,7 +60,7 @@ class MiniHdfs:
   def _first_line(self, timeout: float) -> str:
     found: list = []
     reader = threading.Thread(
-        target=lambda: found.append(self.proc.stdout.readline()), daemon=True)
+        target=lambda: found.append(self.process.stdout.readline()), daemon=True)
     reader.start()
     reader.join(timeout)
     if not found or not found[0]:
@@ -75,12 +75,12 @@ class MiniHdfs:
     return processes.log_tail(self.log_path)
 
   def stop(self) -> None:
-    if self.proc.stdin and not self.proc.stdin.closed:
+    if self.process.stdin and not self.process.stdin.closed:
       try:
-        self.proc.stdin.close()  # MiniHdfs shuts down when it closes
+        self.process.stdin.close()  # MiniHdfs shuts down when it closes
       except OSError:
         pass
-    processes.stop(self.proc)
+    processes.stop(self.process)
 
 
 class MotoS3:
@@ -100,7 +100,7 @@ class MotoS3:
     self.port = processes.port_or_free(port, '--port')
     self.endpoint = f'http://127.0.0.1:{self.port}'
     self.log_path = os.path.join(directory, 'moto.log')
-    self.proc = processes.start(
+    self.process = processes.start(
         [sys.executable, '-m', 'moto.server', '-H', '127.0.0.1',
          '-p', str(self.port)], self.log_path)
     try:
@@ -121,7 +121,7 @@ class MotoS3:
         urllib.request.urlopen(f'{self.endpoint}/moto-api/', timeout=2)
         return
       except OSError as exn:
-        if self.proc.poll() is not None or time.monotonic() > deadline:
+        if self.process.poll() is not None or time.monotonic() > deadline:
           raise ServiceError(
               f'moto\'s server did not start ({exn}); the end of its log '
               f'({self.log_path}):\n{self.log()}') from exn
@@ -141,4 +141,4 @@ class MotoS3:
     return processes.log_tail(self.log_path)
 
   def stop(self) -> None:
-    processes.stop(self.proc)
+    processes.stop(self.process)
