@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster kafka hdfs s3 expansion-services demo test bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -48,6 +48,20 @@ demo: setup
 	@echo "Most frequent words:"
 	@sort -t: -k2 -n -r out/demo/counts* | head -5
 
+# The services the docs use, one in the foreground, until Ctrl-C
+# (docs/local-services.md): each resolves what it needs first. Flags go in
+# LOCAL_ARGS, e.g. make kafka LOCAL_ARGS='--topic events:3'.
+.PHONY: kafka hdfs s3 expansion-services
+LOCAL_ARGS ?=
+kafka: setup sdk-xlang
+	@$(VENV)/bin/beam-pyspark local kafka $(LOCAL_ARGS)
+hdfs: setup hdfs-minicluster
+	@$(VENV)/bin/beam-pyspark local hdfs $(LOCAL_ARGS)
+s3: setup
+	@$(VENV)/bin/beam-pyspark local s3 $(LOCAL_ARGS)
+expansion-services: setup sdk-xlang
+	@$(VENV)/bin/beam-pyspark local expansion-services $(LOCAL_ARGS)
+
 # Beam's Java SDK (Maven, into ~/.m2) for tests/test_sdk_java*.py; again
 # only when sdks/java/pom.xml changes.
 JAVA_SDK_STAMP := sdks/java/target/classpath.txt
@@ -75,19 +89,6 @@ HDFS_STAMP := tests/hdfs/target/classpath.txt
 $(HDFS_STAMP): tests/hdfs/pom.xml scripts/hdfs-minicluster.sh
 	@scripts/hdfs-minicluster.sh
 hdfs-minicluster: $(HDFS_STAMP)
-
-# The services the docs use, one in the foreground, until Ctrl-C
-# (docs/local-services.md): each resolves what it needs first. Flags go in
-# LOCAL_ARGS, e.g. make kafka LOCAL_ARGS='--topic events:3'.
-LOCAL_ARGS ?=
-kafka: setup sdk-xlang
-	@$(VENV)/bin/beam-pyspark local kafka $(LOCAL_ARGS)
-hdfs: setup hdfs-minicluster
-	@$(VENV)/bin/beam-pyspark local hdfs $(LOCAL_ARGS)
-s3: setup
-	@$(VENV)/bin/beam-pyspark local s3 $(LOCAL_ARGS)
-expansion-services: setup sdk-xlang
-	@$(VENV)/bin/beam-pyspark local expansion-services $(LOCAL_ARGS)
 
 # pytest exits 5 when it collected no test: that is a failure here, never
 # a pass.
