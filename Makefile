@@ -46,6 +46,20 @@ demo: setup
 	@echo "Most frequent words:"
 	@sort -t: -k2 -n -r out/demo/counts* | head -5
 
+# The services the docs use, one in the foreground, until Ctrl-C
+# (docs/local-services.md): each resolves what it needs first. Flags go in
+# LOCAL_ARGS, e.g. make kafka LOCAL_ARGS='--topic events:3'.
+.PHONY: kafka hdfs s3 expansion-services
+LOCAL_ARGS ?=
+kafka: setup sdk-xlang
+	@$(VENV)/bin/beam-pyspark local kafka $(LOCAL_ARGS)
+hdfs: setup hdfs-minicluster
+	@$(VENV)/bin/beam-pyspark local hdfs $(LOCAL_ARGS)
+s3: setup
+	@$(VENV)/bin/beam-pyspark local s3 $(LOCAL_ARGS)
+expansion-services: setup sdk-xlang
+	@$(VENV)/bin/beam-pyspark local expansion-services $(LOCAL_ARGS)
+
 # Beam's Java SDK (Maven, into ~/.m2) for tests/test_sdk_java*.py; again
 # only when sdks/java/pom.xml changes.
 JAVA_SDK_STAMP := sdks/java/target/classpath.txt

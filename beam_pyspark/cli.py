@@ -1,4 +1,4 @@
-"""The command line: ``beam-pyspark job-server``.
+"""The command line: ``beam-pyspark job-server``, ``beam-pyspark local ...``.
 
 Flags match Beam's Spark job server where one exists.
 """
@@ -18,7 +18,8 @@ import threading
 # up). Nothing here uses gRPC across a fork. Read when grpc is imported.
 os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
 
-from beam_pyspark.options import parse_conf  # pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from beam_pyspark.local import commands as local_commands
 
 
 def _job_server_parser(sub) -> None:
@@ -135,7 +136,13 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog='beam-pyspark')
   sub = parser.add_subparsers(dest='command', required=True)
   _job_server_parser(sub)
+  local_commands.add_parser(sub)
   args = parser.parse_args(argv)
+  if args.command == 'local':
+    return local_commands.run(args)
+  # Here, not above: importing Beam logs warnings `local` has no use for.
+  # pylint: disable-next=import-outside-toplevel
+  from beam_pyspark.options import parse_conf
   # force: importing Beam already logged a warning through the root logger,
   # which gave it a handler at WARNING; the server's INFO lines need ours.
   logging.basicConfig(

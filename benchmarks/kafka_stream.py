@@ -6,7 +6,7 @@ Structured Streaming with Spark's own Kafka source and sink.
     python -m benchmarks.kafka_stream [--rates 200,1000,3000]
         [--seconds 30] [--variants beam,spark]
 
-A real Kafka broker (tests/kafka_broker.py) holds, per variant, an input
+A real Kafka broker (beam_pyspark/local/kafka.py) holds, per variant, an input
 topic (2 partitions) and an output topic, both stamped with the broker's
 LogAppendTime. Kafka's console producer writes ``{"i": n, "k": "kN"}``
 records to the input at each offered rate in turn for ``seconds``, in one
@@ -182,7 +182,7 @@ class OutputReader:
   """The output topic as Kafka's console consumer prints it, live:
   (append time ms, window start ms, count)."""
   def __init__(self, broker, topic: str, path: str):
-    from xlang_sdk import java
+    from beam_pyspark.local.processes import java
     self.path = path
     self._file = open(path, 'wb')
     self.process = subprocess.Popen(
@@ -304,8 +304,8 @@ def main(argv=None) -> None:
   parser.add_argument('--seconds', type=float, default=30)
   parser.add_argument('--variants', default='beam,spark')
   args = parser.parse_args(argv)
-  from kafka_broker import KafkaBroker
-  from xlang_sdk import ExpansionService
+  from beam_pyspark.local.kafka import KafkaBroker
+  from beam_pyspark.local.expansion import ExpansionService
   if 'spark' in args.variants and not os.path.exists(SPARK_KAFKA_CLASSPATH):
     sys.exit('Spark\'s Kafka connector is missing: run make bench-kafka-jars')
   rates = [float(r) for r in args.rates.split(',')]

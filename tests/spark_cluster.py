@@ -12,7 +12,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,23 +19,12 @@ import urllib.request
 
 import psutil
 
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def _terminate_with_parent() -> None:
-  """In the child: SIGTERM when the test process dies, however it dies.
-
-  Killed tests leave no cluster behind: spark-class execs the JVM, which
-  keeps this, and a worker's shutdown ends its executors.
-  """
-  if sys.platform.startswith('linux'):
-    import ctypes
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+# Free loopback ports; SIGTERM to a child when the test process dies, so
+# that a killed test leaves no cluster behind (spark-class execs the JVM,
+# which keeps it, and a worker's shutdown ends its executors).
+from beam_pyspark.local.processes import free_port  # noqa: F401 (re-exported)
+from beam_pyspark.local.processes import (
+    terminate_with_parent as _terminate_with_parent)
 
 
 def spark_home() -> str:

@@ -1,15 +1,15 @@
 """Streaming checkpoints on HDFS (issue 31).
 
-Apache Hadoop's MiniDFSCluster on loopback (tests/storage_servers.py):
-the runner's Python side reaches it through WebHDFS (Beam's --hdfs_host
-and --hdfs_port), Spark's JVM through Hadoop's own client (hdfs://). The
-store's guarantees (a whole file or none, a manifest committed once: an
-HDFS rename never replaces), then a real job server SIGKILLed under a
-streaming job (an unbounded splittable read over many micro-batches into
-windowed sums, an idempotent sink) whose checkpoint, Spark's query
-checkpoint included, is on HDFS: the server's next start resumes the job
-from HDFS, and its output equals Beam's DirectRunner's. S3 and a driver
-killed mid-batch: test_checkpoint_s3.py.
+Apache Hadoop's MiniDFSCluster on loopback, started as `beam-pyspark local
+hdfs` (docs/local-services.md): the runner's Python side reaches it
+through WebHDFS (Beam's --hdfs_host and --hdfs_port), Spark's JVM through
+Hadoop's own client (hdfs://). The store's guarantees (a whole file or
+none, a manifest committed once: an HDFS rename never replaces), then a
+real job server SIGKILLed under a streaming job (an unbounded splittable
+read over many micro-batches into windowed sums, an idempotent sink) whose
+checkpoint, Spark's query checkpoint included, is on HDFS: the server's
+next start resumes the job from HDFS, and its output equals Beam's
+DirectRunner's. S3 and a driver killed mid-batch: test_checkpoint_s3.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from checkpoint_store_checks import check_checkpoint_dir
 from checkpoint_store_checks import check_store
 from checkpoint_store_checks import location
 from jobserver_process import JobServerProcess
-from storage_servers import MiniHdfs
+from local_command import LocalCommand
 import streaming_recovery_job as job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,9 +38,15 @@ JobState = beam_job_api_pb2.JobState
 
 @pytest.fixture(scope='module')
 def hdfs(tmp_path_factory):
-  server = MiniHdfs(str(tmp_path_factory.mktemp('hdfs')))
-  yield server
-  server.stop()
+  """`beam-pyspark local hdfs` as the docs start it: these tests use the
+  location and options it prints, and Ctrl-C stops it cleanly at the end
+  (docs/local-services.md; one MiniDFSCluster for both purposes)."""
+  command = LocalCommand('hdfs', '--port', '0', '--http-port', '0', '--dir',
+                         str(tmp_path_factory.mktemp('hdfs')))
+  try:
+    yield command.pasted()
+  finally:
+    command.interrupt()
 
 
 def test_a_store_on_hdfs_writes_whole_files_and_commits_each_name_once(hdfs):

@@ -1,6 +1,6 @@
 """Streaming checkpoints on an S3-protocol server (issue 31).
 
-moto's S3 server on loopback (tests/storage_servers.py), reached with
+moto's S3 server on loopback (beam_pyspark/local/stores.py), reached with
 Beam's S3 options: the store's guarantees (a whole object or none, a
 manifest committed once with S3's conditional PUT), then the driver-kill
 job of test_streaming_recovery.py (a TestStream into windowed sums under
@@ -25,10 +25,10 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pyspark.local.stores import MotoS3
 from checkpoint_store_checks import check_checkpoint_dir
 from checkpoint_store_checks import check_store
 from checkpoint_store_checks import location
-from storage_servers import MotoS3
 import streaming_recovery_job as job
 
 HERE = os.path.dirname(os.path.abspath(__file__))

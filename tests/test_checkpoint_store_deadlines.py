@@ -1,6 +1,6 @@
 """A checkpoint store that stops answering (issue 40, item 5).
 
-moto's S3 server frozen with SIGSTOP (tests/storage_servers.py), and a
+moto's S3 server frozen with SIGSTOP (beam_pyspark/local/stores.py), and a
 WebHDFS "namenode" that accepts connections and never answers: a store
 call fails within ``--checkpoint_store_timeout_secs`` (a request, tried
 once more on S3) naming the store and what it was for, and is reported
@@ -26,13 +26,13 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_job_api_pb2
 
+from beam_pyspark.local.stores import MotoS3
 from beam_pyspark.storage import Location
 from beam_pyspark.storage import StoreTimeoutError
 from beam_pyspark.storage import doing
 from beam_pyspark.storage import storage_options
 from checkpoint_store_checks import job_options
 from jobserver_process import JobServerProcess
-from storage_servers import MotoS3
 from test_jobserver_resume import EMBEDDED
 from test_jobserver_resume import TESTS
 import streaming_recovery_job as job
@@ -50,11 +50,11 @@ def s3(tmp_path_factory):
 @contextlib.contextmanager
 def frozen(server):
   """``server``'s process stopped (SIGSTOP) inside; always resumed."""
-  os.killpg(server.proc.pid, signal.SIGSTOP)
+  os.killpg(server.process.pid, signal.SIGSTOP)
   try:
     yield
   finally:
-    os.killpg(server.proc.pid, signal.SIGCONT)
+    os.killpg(server.process.pid, signal.SIGCONT)
 
 
 def _location(s3, path, timeout=TIMEOUT):

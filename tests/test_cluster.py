@@ -379,8 +379,8 @@ def test_streaming_job_with_a_killed_executor_equals_the_direct_runner(
   Spark retries the lost tasks elsewhere; the output is exactly the
   DirectRunner's."""
   from checkpoint_store_checks import location
-  from storage_servers import MiniHdfs
-  from storage_servers import MotoS3
+  from beam_pyspark.local.stores import MiniHdfs
+  from beam_pyspark.local.stores import MotoS3
   server = (MiniHdfs if store == 'hdfs' else MotoS3)(str(tmp_path / store))
   try:
     _streaming_with_a_killed_executor(cluster, tmp_path, server)

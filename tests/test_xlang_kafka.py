@@ -1,8 +1,9 @@
 """Kafka from a Python pipeline, in batch: Beam's Java KafkaIO through its
 expansion service, against a real Apache Kafka broker.
 
-The broker is Kafka's own (tests/kafka_broker.py: one KRaft node on
-loopback, topics of several partitions). ``WriteToKafka`` and a bounded
+The broker is Kafka's own, started as `beam-pyspark local kafka`
+(beam_pyspark/local/kafka.py: one KRaft node on loopback, topics of
+several partitions). ``WriteToKafka`` and a bounded
 ``ReadFromKafka`` (``max_num_records``) are expanded by Beam's Java
 expansion service (Beam 2.71.0, scripts/expansion-service.sh) into Java
 transforms of a PROCESS environment: each executor starts Beam's Java
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 
 import pytest
 
@@ -28,9 +30,10 @@ from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.local.expansion import ExpansionService
+from beam_pyspark.local.kafka import KafkaTools
 from jobserver_process import JobServerProcess
-from kafka_broker import KafkaBroker
-from xlang_sdk import ExpansionService
+from local_command import LocalCommand
 
 PARTITIONS = 3
 SEEDED = [(f'key-{i % 7}', f'seeded-{i}') for i in range(60)]
@@ -39,13 +42,21 @@ WRITTEN = [(f'w{i % 5}', f'written-{i}') for i in range(40)]
 
 @pytest.fixture(scope='module')
 def broker(tmp_path_factory):
-  kafka = KafkaBroker(str(tmp_path_factory.mktemp('kafka')))
+  """`beam-pyspark local kafka` as the docs start it: the pipelines and
+  Kafka's tools here use the address it prints, and Ctrl-C stops it
+  cleanly at the module's end (docs/local-services.md; one broker tests
+  both)."""
+  command = LocalCommand('kafka', '--port', '0', '--topic',
+                         f'seeded:{PARTITIONS}', '--dir',
+                         str(tmp_path_factory.mktemp('kafka')))
   try:
-    kafka.create_topic('seeded', PARTITIONS)
+    assert f'(topics: seeded:{PARTITIONS})' in command.line, command.line
+    kafka = KafkaTools(re.search(r'"bootstrap.servers": "([^"]+)"',
+                                 command.line).group(1))
     kafka.produce('seeded', SEEDED)
     yield kafka
   finally:
-    kafka.stop()
+    command.interrupt()
 
 
 @pytest.fixture(scope='module')

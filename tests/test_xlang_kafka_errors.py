@@ -19,8 +19,8 @@ import apache_beam as beam
 from apache_beam.io.kafka import ReadFromKafka
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from kafka_broker import KafkaBroker
-from xlang_sdk import ExpansionService
+from beam_pyspark.local.expansion import ExpansionService
+from beam_pyspark.local.kafka import KafkaBroker
 
 # Generous: Kafka's own timeouts (default.api.timeout.ms, 60 s) plus a
 # Java harness's start on a busy machine.

@@ -35,9 +35,9 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_job_api_pb2
 
+from beam_pyspark.local.expansion import ExpansionService
+from beam_pyspark.local.kafka import KafkaBroker
 from jobserver_process import JobServerProcess
-from kafka_broker import KafkaBroker
-from xlang_sdk import ExpansionService
 
 import kafka_stream_job as job
 

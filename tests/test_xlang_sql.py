@@ -24,8 +24,8 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.transforms.sql import SqlTransform
 
+from beam_pyspark.local.expansion import ExpansionService
 from jobserver_process import JobServerProcess
-from xlang_sdk import ExpansionService
 
 SALES = [
     ('apple', 3, 1.5), ('pear', 1, 0.75), ('apple', 2, 1.25),

@@ -21,8 +21,8 @@ import os
 
 from apache_beam.transforms import validate_runner_xlang_test as beam_xlang
 
+from beam_pyspark.local.expansion import ExpansionService
 from beam_suites import OnPySpark
-from xlang_sdk import ExpansionService
 
 
 class ValidateRunnerXlangOnPySpark(OnPySpark,

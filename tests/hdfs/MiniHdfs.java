@@ -1,6 +1,8 @@
 // A MiniDFSCluster (Apache Hadoop's NameNode and one DataNode in this JVM)
-// on 127.0.0.1 with free ports, for tests/hdfs_cluster.py. Run as a
-// single-file source program: java -cp <classpath> MiniHdfs.java BASE_DIR.
+// on 127.0.0.1, for beam_pyspark/local/stores.py (the tests' HDFS and
+// `beam-pyspark local hdfs`). Run as a single-file source program:
+// java -cp <classpath> MiniHdfs.java BASE_DIR [RPC_PORT HTTP_PORT]
+// (ports 0 or none: free ones).
 // Prints one JSON line {"rpc": port, "http": port} once it serves, and
 // shuts down when its standard input closes (the test process ended).
 import org.apache.hadoop.conf.Configuration;
@@ -14,12 +16,14 @@ public class MiniHdfs {
     conf.setBoolean("dfs.permissions.enabled", false);
     conf.setBoolean("dfs.webhdfs.enabled", true);
     conf.setInt("dfs.replication", 1);
-    // Loopback only, free ports.
+    int rpcPort = args.length > 1 ? Integer.parseInt(args[1]) : 0;
+    int httpPort = args.length > 2 ? Integer.parseInt(args[2]) : 0;
+    // Loopback only.
     conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");
     conf.set("dfs.namenode.http-bind-host", "127.0.0.1");
     conf.set("dfs.datanode.hostname", "127.0.0.1");
     MiniDFSCluster cluster = new MiniDFSCluster.Builder(conf)
-        .numDataNodes(1).nameNodePort(0).nameNodeHttpPort(0)
+        .numDataNodes(1).nameNodePort(rpcPort).nameNodeHttpPort(httpPort)
         .checkDataNodeHostConfig(true).build();
     cluster.waitActive();
     System.out.println("{\"rpc\": " + cluster.getNameNodePort() + ", \"http\": "
