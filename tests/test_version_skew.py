@@ -1,0 +1,176 @@
+"""Clients of older Beam versions submitting to the job server (issue 43).
+
+Beam's own WordCount, run by Beam's own PortableRunner client of an older
+apache-beam (a virtualenv of its own, made by `make sdk-python-versions`,
+which `make test` runs), against a real job server of ours:
+
+- LOOPBACK: the client's own harness runs the stages; exact output.
+- its default environment (Beam's Docker image of its version): refused at
+  Prepare, naming both versions and what works; the embedded harness, which
+  is our Beam, would fail to unpickle the client's functions.
+- ``=versioned``: a harness of the client's version (boot.python, from the
+  same virtualenv, found as the executor's cache); exact output.
+
+The versions' functions (planning.versions, planning.environments) have
+unit tests below too.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+
+import apache_beam
+import pytest
+from apache_beam.portability import common_urns
+from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from beam_pyspark.boot import python as python_boot
+from beam_pyspark.planning import versions
+from beam_pyspark.planning.environments import EnvironmentOverride
+from beam_pyspark.planning.environments import apply_overrides
+from jobserver_process import JobServerProcess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HARNESSES = os.path.join(ROOT, 'sdks', 'python', 'harness')
+SAMPLE = os.path.join(ROOT, 'examples', 'data', 'sample.txt')
+# Kept in step with the Makefile's OLD_BEAM_VERSIONS.
+OLD_VERSIONS = ('2.61.0', '2.66.0')
+DOCKER = common_urns.environments.DOCKER.urn
+
+
+def _docker(image: str) -> beam_runner_api_pb2.Environment:
+  return beam_runner_api_pb2.Environment(
+      urn=DOCKER, payload=beam_runner_api_pb2.DockerPayload(
+          container_image=image).SerializeToString())
+
+
+def test_versions_from_images_and_capabilities():
+  assert versions.image_version('apache/beam_python3.11_sdk:2.61.0') == (
+      '2.61.0')
+  assert versions.image_version(
+      'docker.io/apache/beam_java17_sdk:2.70.0@sha256:ab') == '2.70.0'
+  assert versions.image_version('my/image:1') is None
+  assert versions.image_python('apache/beam_python3.12_sdk:2.61.0') == '3.12'
+  # A custom image: the version comes from the sdk_base capability, which
+  # Beam's SDKs list whatever the environment (LOOPBACK's too).
+  env = _docker('registry/mine:latest')
+  env.capabilities.append(
+      versions.SDK_BASE + 'apache/beam_python3.11_sdk:2.61.0')
+  assert versions.environment_version(env) == '2.61.0'
+  assert versions.same_minor('2.77.1', '2.77.0')
+  assert not versions.same_minor('2.61.0', '2.77.0')
+
+
+def test_another_python_version_is_refused_or_runs_versioned():
+  ours = f'apache/beam_python3.11_sdk:{apache_beam.__version__}'
+  pipeline = beam_runner_api_pb2.Pipeline()
+  envs = pipeline.components.environments
+  envs['ours'].CopyFrom(_docker(ours))
+  envs['old'].CopyFrom(_docker('apache/beam_python3.11_sdk:2.61.0'))
+  envs['java'].CopyFrom(_docker('apache/beam_java17_sdk:2.62.0'))
+  before = pipeline.SerializeToString()
+  with pytest.raises(ValueError) as info:
+    apply_overrides(pipeline, [])
+  text = str(info.value)
+  assert "'old'" in text and '2.61.0' in text and apache_beam.__version__ in (
+      text) and 'LOOPBACK' in text and '=versioned' in text
+  assert "'ours'" not in text and "'java'" not in text
+  # Opted in: ours embedded, the other one booted at its version, Java as
+  # before (its boot runs the client's own staged harness).
+  pipeline = beam_runner_api_pb2.Pipeline.FromString(before)
+  envs = pipeline.components.environments
+  apply_overrides(pipeline, [EnvironmentOverride.parse(
+      'apache/beam_python*_sdk*=versioned')])
+  assert envs['ours'].urn == python_urns.EMBEDDED_PYTHON
+  assert beam_runner_api_pb2.ProcessPayload.FromString(
+      envs['old'].payload).command == (
+          'python -m beam_pyspark.boot python --beam_version=2.61.0')
+  assert beam_runner_api_pb2.ProcessPayload.FromString(
+      envs['java'].payload).command == 'python -m beam_pyspark.boot java'
+  # An explicit "embedded" is the user's word: kept, with a warning.
+  pipeline = beam_runner_api_pb2.Pipeline.FromString(before)
+  notes = apply_overrides(pipeline, [EnvironmentOverride.parse(
+      'apache/beam_python*_sdk*=embedded')])
+  assert any('may fail to unpickle' in n for n in notes), notes
+
+
+def expected_counts() -> list[str]:
+  """What Beam's WordCount writes for the sample: its own regex."""
+  with open(SAMPLE, encoding='utf-8') as f:
+    words = re.findall(r"[\w\']+", f.read(), re.UNICODE)
+  return sorted(f'{w}: {n}' for w, n in collections.Counter(words).items())
+
+
+def old_python(version: str) -> str:
+  python = python_boot.venv_python(python_boot.venv_dir(version, HARNESSES))
+  if not os.path.exists(os.path.join(
+      python_boot.venv_dir(version, HARNESSES), python_boot.STAMP)):
+    pytest.fail(f'No virtualenv with apache-beam=={version} at {python}: '
+                'run `make sdk-python-versions` (make test does).')
+  return python
+
+
+def wordcount(version: str, server, out, *args: str
+              ) -> subprocess.CompletedProcess:
+  """Beam's WordCount, as the old version ships it, from its virtualenv:
+  its own Beam only (our PYTHONPATH would put ours first)."""
+  env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+  return subprocess.run(
+      [old_python(version), '-m', 'apache_beam.examples.wordcount',
+       '--runner=PortableRunner', f'--job_endpoint={server.job_endpoint}',
+       f'--input={SAMPLE}', f'--output={out}/counts', *args],
+      env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def counts(out) -> list[str]:
+  lines = []
+  for name in sorted(os.listdir(out)):
+    if name.startswith('counts'):
+      with open(os.path.join(out, name), encoding='utf-8') as f:
+        lines.extend(f.read().splitlines())
+  return sorted(lines)
+
+
+@pytest.fixture(scope='module')
+def server(tmp_path_factory):
+  # The versioned harnesses come from the set-up's virtualenvs: the
+  # executor's cache, already filled (boot.python would install there).
+  s = JobServerProcess(
+      tmp_path_factory.mktemp('skew') / 'artifacts',
+      env={python_boot.ENV_HARNESSES: HARNESSES})
+  yield s
+  s.stop()
+
+
+@pytest.mark.parametrize('version', OLD_VERSIONS)
+def test_an_older_client_on_loopback_runs_exactly(server, tmp_path, version):
+  done = wordcount(version, server, tmp_path, '--environment_type=LOOPBACK')
+  assert done.returncode == 0, done.stderr[-5000:]
+  assert counts(tmp_path) == expected_counts()
+
+
+@pytest.mark.parametrize('version', OLD_VERSIONS)
+def test_an_older_clients_default_environment_is_refused_at_prepare(
+    server, tmp_path, version):
+  done = wordcount(version, server, tmp_path)
+  assert done.returncode != 0
+  # The client shows the job server's refusal: both versions, what works.
+  assert 'INVALID_ARGUMENT' in done.stderr, done.stderr[-5000:]
+  refusal = done.stderr[done.stderr.index('INVALID_ARGUMENT'):]
+  assert f'Beam Python {version}' in refusal
+  assert f'runs Beam {apache_beam.__version__}' in refusal
+  assert 'LOOPBACK' in refusal and '=versioned' in refusal
+  assert not os.listdir(tmp_path)
+
+
+def test_an_older_clients_default_environment_runs_versioned(
+    server, tmp_path):
+  done = wordcount(OLD_VERSIONS[0], server, tmp_path,
+                   '--environment_override=apache/beam_python*_sdk*=versioned')
+  assert done.returncode == 0, done.stderr[-5000:] + server.log()[-5000:]
+  assert counts(tmp_path) == expected_counts()
