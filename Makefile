@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster demo test bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang hdfs-minicluster demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml
 	@scripts/ensure-java.sh
@@ -55,6 +55,20 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml sdks/java/examples/pom.xml scripts/sdk-java
 	@scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
+# Older Beam Python clients (tests/test_version_skew.py): a virtualenv per
+# version with that apache-beam from PyPI, laid out as the job server's
+# versioned harnesses cache them (beam_pyspark.boot.python), so the tests'
+# harnesses of those versions are the same virtualenvs. pip's cache keeps
+# the downloads: a first build takes minutes (~1.5-3 each), a rerun none.
+OLD_BEAM_VERSIONS := 2.61.0 2.66.0
+PY_HARNESSES := sdks/python/harness
+PY_HARNESS_STAMP := $(PY_HARNESSES)/.built-$(subst $() ,-,$(OLD_BEAM_VERSIONS))
+$(PY_HARNESS_STAMP): $(STAMP) beam_pyspark/boot/python.py
+	$(VENV)/bin/python -m beam_pyspark.boot.python $(OLD_BEAM_VERSIONS) \
+	  --root $(PY_HARNESSES)
+	@touch $@
+sdk-python-versions: $(PY_HARNESS_STAMP)
+
 # Multi-language pipelines (docs/multi-language.md): Beam's Java expansion
 # services for Beam SQL and KafkaIO (Beam 2.71.0), Apache Kafka's broker
 # for the tests, and the Java side of Beam's cross-language ValidatesRunner
@@ -80,7 +94,8 @@ hdfs-minicluster: $(HDFS_STAMP)
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster
+test: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang \
+  hdfs-minicluster
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
@@ -134,4 +149,4 @@ sdk-go: $(GO_BIN)/.built-examples
 
 clean:
 	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN) \
-	  sdks/xlang/*/target $(XLANG_STAMP)
+	  sdks/xlang/*/target $(XLANG_STAMP) $(PY_HARNESSES)
