@@ -27,8 +27,11 @@ import apache_beam
 import pytest
 from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from beam_pyspark.boot import common
+from beam_pyspark.boot import java as java_boot
 from beam_pyspark.boot import python as python_boot
 from beam_pyspark.planning import versions
 from beam_pyspark.planning.environments import EnvironmentOverride
@@ -99,6 +102,69 @@ def test_another_python_version_is_refused_or_runs_versioned():
   assert any('may fail to unpickle' in n for n in notes), notes
 
 
+def _boot_context(tmp_path, staged_names, extra=()):
+  staged = tmp_path / 'staged'
+  staged.mkdir(exist_ok=True)
+  artifacts = []
+  for name in staged_names:
+    (staged / name).write_bytes(b'x')
+    artifacts.append(common.RetrievedArtifact(
+        str(staged / name), name, beam_runner_api_pb2.ArtifactInformation()))
+  return common.BootContext(
+      worker_id='worker-7', provision_endpoint='localhost:1',
+      control_endpoint='localhost:2', artifact_endpoint='localhost:3',
+      logging_endpoint='localhost:4', semi_persist_dir=str(tmp_path),
+      info=beam_provision_api_pb2.ProvisionInfo(
+          runner_capabilities=['beam:protocol:x:v1']),
+      artifacts=artifacts, extra=list(extra))
+
+
+def test_python_boot_runs_its_versions_harness_without_our_beam(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv('PYTHONPATH', '/our/beam')
+  root = tmp_path / 'harnesses'
+  venv = python_boot.venv_dir('2.61.0', str(root))
+  os.makedirs(venv)
+  # A virtualenv counts once its stamp is there: none is made again.
+  open(os.path.join(venv, python_boot.STAMP), 'w').close()
+  monkeypatch.setenv(python_boot.ENV_HARNESSES, str(root))
+  ctx = _boot_context(tmp_path, ['pickled_main_session'],
+                      ['--beam_version=2.61.0'])
+  argv, env = python_boot.command(ctx)
+  assert argv == [os.path.join(venv, 'bin', 'python'), '-m',
+                  'apache_beam.runners.worker.sdk_worker_main']
+  assert 'PYTHONPATH' not in env  # nothing staged to install
+  assert env['SEMI_PERSISTENT_DIRECTORY'] == str(tmp_path)
+  assert env['CONTROL_API_SERVICE_DESCRIPTOR'] == 'url: "localhost:2"\n'
+  assert env['RUNNER_CAPABILITIES'] == 'beam:protocol:x:v1'
+  with pytest.raises(common.BootError, match='not a Beam version'):
+    python_boot.ensure_venv('2.61; rm -rf /', str(root))
+
+
+def test_java_boot_refuses_a_named_harness_of_another_version(
+    tmp_path, monkeypatch):
+  monkeypatch.delenv(java_boot.ENV_HARNESS_CLASSPATH, raising=False)
+  harness = tmp_path / 'harness'
+  harness.mkdir()
+  (harness / 'beam-sdks-java-harness-2.70.0.jar').write_bytes(b'jar')
+  # As Java's PortableRunner stages it: a hash after the version.
+  ctx = _boot_context(tmp_path, ['app.jar', 'beam-sdks-java-core-2.62.0-'
+                                 'kRxqBXvaIOU-9WWp.jar'],
+                      [f'--harness_classpath={harness}'])
+  with pytest.raises(common.BootError) as info:
+    java_boot.command(ctx)
+  assert '2.70.0' in str(info.value) and '2.62.0' in str(info.value)
+  (harness / 'beam-sdks-java-harness-2.70.0.jar').unlink()
+  (harness / 'beam-sdks-java-harness-2.62.0.jar').write_bytes(b'jar')
+  argv, _ = java_boot.command(ctx)
+  assert argv[-1] == java_boot.MAIN_CLASS
+  # The client's own staged harness is its own version: never refused.
+  staged = _boot_context(tmp_path, [
+      'beam-sdks-java-core-2.62.0-a.jar', 'beam-sdks-java-harness-2.62.0-b.jar',
+      'jamm-0.4.0.jar'])
+  assert java_boot.command(staged)[0][-1] == java_boot.MAIN_CLASS
+
+
 def expected_counts() -> list[str]:
   """What Beam's WordCount writes for the sample: its own regex."""
   with open(SAMPLE, encoding='utf-8') as f:
@@ -140,22 +206,13 @@ def counts(out) -> list[str]:
 def server(tmp_path_factory):
   # The versioned harnesses come from the set-up's virtualenvs: the
   # executor's cache, already filled (boot.python would install there).
+  # No warm-up: it also warms streaming, minutes of CPU at a busy CI's
+  # load, taken from these jobs; the refusals, first, need no Spark.
   s = JobServerProcess(
       tmp_path_factory.mktemp('skew') / 'artifacts',
       env={python_boot.ENV_HARNESSES: HARNESSES})
   yield s
   s.stop()
-
-
-@pytest.mark.parametrize('version', OLD_VERSIONS)
-def test_an_older_client_on_loopback_runs_exactly(server, tmp_path, version):
-  done = wordcount(version, server, tmp_path, '--environment_type=LOOPBACK')
-  assert done.returncode == 0, done.stderr[-5000:]
-  assert counts(tmp_path) == expected_counts()
-  # Its saved main session is its own harness's: the executors' Beam
-  # does not load it (2.61's needs dill, which ours lacks).
-  assert f'is Beam {version}: its harness' in done.stderr, done.stderr[-5000:]
-  assert "No module named 'dill'" not in server.log()
 
 
 @pytest.mark.parametrize('version', OLD_VERSIONS)
@@ -170,6 +227,17 @@ def test_an_older_clients_default_environment_is_refused_at_prepare(
   assert f'runs Beam {apache_beam.__version__}' in refusal
   assert 'LOOPBACK' in refusal and '=versioned' in refusal
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize('version', OLD_VERSIONS)
+def test_an_older_client_on_loopback_runs_exactly(server, tmp_path, version):
+  done = wordcount(version, server, tmp_path, '--environment_type=LOOPBACK')
+  assert done.returncode == 0, done.stderr[-5000:]
+  assert counts(tmp_path) == expected_counts()
+  # Its saved main session is its own harness's: the executors' Beam
+  # does not load it (2.61's needs dill, which ours lacks).
+  assert f'is Beam {version}: its harness' in done.stderr, done.stderr[-5000:]
+  assert "No module named 'dill'" not in server.log()
 
 
 def test_an_older_clients_default_environment_runs_versioned(
