@@ -56,18 +56,15 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml sdks/java/examples/pom.xml scripts/sdk-java
 sdk-java: $(JAVA_SDK_STAMP)
 
 # Older Beam Python clients (tests/test_version_skew.py): a virtualenv per
-# version with that apache-beam from PyPI, laid out as the job server's
-# versioned harnesses cache them (beam_pyspark.boot.python), so the tests'
-# harnesses of those versions are the same virtualenvs. pip's cache keeps
-# the downloads: a first build takes minutes (~1.5-3 each), a rerun none.
+# version with that apache-beam from PyPI, in the versioned harnesses' own
+# cache (beam_pyspark.boot.python: ~/.cache/beam-pyspark/harness, or
+# $BEAM_PYSPARK_PYTHON_HARNESSES), outside the work tree, so a fresh clone
+# (CI's) finds them made; the tests' harnesses of those versions are the
+# same virtualenvs. A first build takes minutes (1.5-3 per version, pip's
+# cache keeps the downloads); with them made, a second or two.
 OLD_BEAM_VERSIONS := 2.61.0 2.66.0
-PY_HARNESSES := sdks/python/harness
-PY_HARNESS_STAMP := $(PY_HARNESSES)/.built-$(subst $() ,-,$(OLD_BEAM_VERSIONS))
-$(PY_HARNESS_STAMP): $(STAMP) beam_pyspark/boot/python.py
-	$(VENV)/bin/python -m beam_pyspark.boot.python $(OLD_BEAM_VERSIONS) \
-	  --root $(PY_HARNESSES)
-	@touch $@
-sdk-python-versions: $(PY_HARNESS_STAMP)
+sdk-python-versions: setup
+	@$(VENV)/bin/python -m beam_pyspark.boot.python $(OLD_BEAM_VERSIONS)
 
 # Multi-language pipelines (docs/multi-language.md): Beam's Java expansion
 # services for Beam SQL and KafkaIO (Beam 2.71.0), Apache Kafka's broker
@@ -149,4 +146,4 @@ sdk-go: $(GO_BIN)/.built-examples
 
 clean:
 	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN) \
-	  sdks/xlang/*/target $(XLANG_STAMP) $(PY_HARNESSES)
+	  sdks/xlang/*/target $(XLANG_STAMP)

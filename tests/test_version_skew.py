@@ -39,7 +39,8 @@ from beam_pyspark.planning.environments import apply_overrides
 from jobserver_process import JobServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARNESSES = os.path.join(ROOT, 'sdks', 'python', 'harness')
+# Where `make sdk-python-versions` made them: the harnesses' own cache.
+HARNESSES = python_boot.harnesses_dir()
 SAMPLE = os.path.join(ROOT, 'examples', 'data', 'sample.txt')
 # Kept in step with the Makefile's OLD_BEAM_VERSIONS.
 OLD_VERSIONS = ('2.61.0', '2.66.0')
