@@ -96,6 +96,13 @@ def test_another_python_version_is_refused_or_runs_versioned():
           'python -m beam_pyspark.boot python --beam_version=2.61.0')
   assert beam_runner_api_pb2.ProcessPayload.FromString(
       envs['java'].payload).command == 'python -m beam_pyspark.boot java'
+  # A client of another Python than ours: its harness runs on ours, said.
+  pipeline = beam_runner_api_pb2.Pipeline()
+  pipeline.components.environments['py'].CopyFrom(
+      _docker('apache/beam_python3.99_sdk:2.61.0'))
+  notes = apply_overrides(pipeline, [EnvironmentOverride.parse(
+      'apache/beam_python*_sdk*=versioned')])
+  assert any('is Python 3.99' in n for n in notes), notes
   # An explicit "embedded" is the user's word: kept, with a warning.
   pipeline = beam_runner_api_pb2.Pipeline.FromString(before)
   notes = apply_overrides(pipeline, [EnvironmentOverride.parse(

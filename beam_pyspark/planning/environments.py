@@ -138,6 +138,13 @@ def apply_overrides(
       urn, payload = match.urn, match.payload
       if urn == VERSIONED:
         urn, payload = _versioned(image, version)
+        python = versions.image_python(image)
+        if urn == PROCESS and python and python != versions.OUR_PYTHON:
+          notes.append(
+              f'Environment {where!r} is Python {python}; its harness of '
+              f'Beam {version} runs on the executors\' Python (the job '
+              f'server\'s is {versions.OUR_PYTHON}): code pickled by one '
+              'Python version may fail to unpickle on another.')
       elif (urn == python_urns.EMBEDDED_PYTHON and version
             and not versions.same_minor(version)):
         if any(match is d for d in defaults):

@@ -24,6 +24,7 @@ runs.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Optional
 
 import apache_beam
@@ -37,6 +38,7 @@ _BEAM_IMAGE = re.compile(
     r'(?P<version>\d+\.\d+[0-9A-Za-z.+-]*)')
 _MINOR = re.compile(r'^(\d+)\.(\d+)')
 OURS = apache_beam.__version__
+OUR_PYTHON = f'{sys.version_info.major}.{sys.version_info.minor}'
 
 
 def image_version(image: str) -> Optional[str]:
