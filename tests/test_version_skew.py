@@ -110,6 +110,37 @@ def test_another_python_version_is_refused_or_runs_versioned():
   assert any('may fail to unpickle' in n for n in notes), notes
 
 
+def test_executors_ship_only_their_beam_versions_python_files(tmp_path):
+  """A Python environment of another Beam version (LOOPBACK's, the
+  client's own; =versioned's) gets its files through its own harness: the
+  executors' Beam would load 2.61's main session with dill, or install a
+  requirements file that pins 2.61."""
+  from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+  from beam_pyspark.spark.dependencies import collect_dependencies  # pylint: disable=import-outside-toplevel
+  components = beam_runner_api_pb2.Components()
+  for env_id, version in (('ours', apache_beam.__version__),
+                          ('old', '2.61.0')):
+    (tmp_path / f'{env_id}.whl').write_bytes(env_id.encode())
+    env = components.environments[env_id]
+    env.urn = common_urns.environments.EXTERNAL.urn
+    env.capabilities.append(
+        f'{versions.SDK_BASE}apache/beam_python3.11_sdk:{version}')
+    env.dependencies.append(beam_runner_api_pb2.ArtifactInformation(
+        type_urn=common_urns.artifact_types.FILE.urn,
+        type_payload=beam_runner_api_pb2.ArtifactFilePayload(
+            path=str(tmp_path / f'{env_id}.whl')).SerializeToString(),
+        role_urn=common_urns.artifact_roles.STAGING_TO.urn,
+        role_payload=beam_runner_api_pb2.ArtifactStagingToRolePayload(
+            staged_name=f'{env_id}.whl').SerializeToString()))
+    components.transforms[f't-{env_id}'].environment_id = env_id
+  logged = []
+  found = collect_dependencies(
+      SimpleNamespace(components=components.SerializeToString()),
+      str(tmp_path), logged.append)
+  assert [f.name for f, _ in found] == ['ours.whl']
+  assert any("'old' is Beam 2.61.0" in line for line in logged), logged
+
+
 def _boot_context(tmp_path, staged_names, extra=()):
   staged = tmp_path / 'staged'
   staged.mkdir(exist_ok=True)
