@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml scripts/setup-venv.sh
 	@scripts/setup-venv.sh $(PYTHON) $(VENV) test
@@ -67,6 +67,17 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml sdks/java/examples/pom.xml scripts/sdk-java
 	@scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
+# Older Beam Python clients (tests/test_version_skew.py): a virtualenv per
+# version with that apache-beam from PyPI, in the versioned harnesses' own
+# cache (beam_pyspark.boot.python: ~/.cache/beam-pyspark/harness, or
+# $BEAM_PYSPARK_PYTHON_HARNESSES), outside the work tree, so a fresh clone
+# (CI's) finds them made; the tests' harnesses of those versions are the
+# same virtualenvs. A first build takes minutes (1.5-3 per version, pip's
+# cache keeps the downloads); with them made, a second or two.
+OLD_BEAM_VERSIONS := 2.61.0 2.66.0
+sdk-python-versions: setup
+	@$(VENV)/bin/python -m beam_pyspark.boot.python $(OLD_BEAM_VERSIONS)
+
 # Multi-language pipelines (docs/multi-language.md): Beam's Java expansion
 # services for Beam SQL and KafkaIO (Beam 2.71.0), Apache Kafka's broker
 # for the tests, and the Java side of Beam's cross-language ValidatesRunner
@@ -108,7 +119,8 @@ connect-client: $(CONNECT_CLIENT_STAMP)
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-typescript sdk-go sdk-java sdk-xlang hdfs-minicluster connect-client
+test: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang \
+  hdfs-minicluster connect-client
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \

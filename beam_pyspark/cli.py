@@ -96,11 +96,15 @@ def _job_server_parser(sub) -> None:
   p.add_argument('--environment-override', action='append', default=[],
                  metavar='IMAGE_GLOB=SPEC',
                  help='Run Docker environments whose image matches IMAGE_GLOB '
-                 'as SPEC: "process:COMMAND", "external:HOST:PORT" or '
-                 '"embedded" (Python images); repeatable. A job\'s own '
+                 'as SPEC: "process:COMMAND", "external:HOST:PORT", '
+                 '"embedded" or "versioned" (Python images: another Beam '
+                 'version than ours runs in a harness of its version, '
+                 'installed from the package index into a cached virtualenv '
+                 'on each executor); repeatable. A job\'s own '
                  '--environment_override comes first; Beam\'s own Java and Go '
-                 'images boot with "python -m beam_pyspark.boot java|go" and '
-                 'Python images run embedded unless one matches first.')
+                 'images boot with "python -m beam_pyspark.boot java|go", '
+                 'Python images of our Beam version run embedded, and those '
+                 'of another are refused unless one matches first.')
   p.add_argument('--spark-warm-up', action=argparse.BooleanOptionalAction,
                  default=True,
                  help='Start Spark (its SQL session and the streaming '

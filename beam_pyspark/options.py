@@ -154,10 +154,13 @@ class PySparkRunnerOptions(PipelineOptions):
         default=None,
         metavar='IMAGE_GLOB=SPEC',
         help='Run the Docker environments whose image matches IMAGE_GLOB as '
-        'SPEC instead: "process:COMMAND", "external:HOST:PORT" or '
-        '"embedded" (Python images). Repeatable; before the job server\'s '
-        'own and the defaults for Beam\'s images (Java and Go boot with '
-        '"python -m beam_pyspark.boot java|go", Python runs embedded).')
+        'SPEC instead: "process:COMMAND", "external:HOST:PORT", '
+        '"embedded" or "versioned" (Python images; another Beam version than '
+        'the runner\'s runs in a harness of its own version). Repeatable; '
+        'before the job server\'s own and the defaults for Beam\'s images '
+        '(Java and Go boot with "python -m beam_pyspark.boot java|go", '
+        'Python of the runner\'s version runs embedded, of another is '
+        'refused).')
     parser.add_argument(
         '--no_fast_path',
         action='store_true',

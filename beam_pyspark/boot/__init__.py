@@ -16,7 +16,7 @@ import importlib
 import logging
 import sys
 
-SDKS = ('java', 'go', 'typescript')
+SDKS = ('java', 'go', 'typescript', 'python')
 
 
 def main(argv: list[str]) -> int:

@@ -37,6 +37,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 from typing import Optional
@@ -97,7 +98,41 @@ def classpath(ctx: common.BootContext, harness_classpath: str) -> list[str]:
         'com.github.jbellis:jamm) to the pipeline\'s dependencies, or name '
         'a directory of the harness\'s jars: "python -m beam_pyspark.boot '
         f'java --harness_classpath=DIR/*" or {ENV_HARNESS_CLASSPATH}=DIR/*.')
+  check_harness_version(harness, staged)
   return harness + staged
+
+
+# beam-sdks-java-core-2.62.0.jar; staged by Java's PortableRunner with a
+# hash after the version (beam-sdks-java-core-2.62.0-<hash>.jar).
+_BEAM_JAR = re.compile(r'^beam-sdks-java-(core|harness)-(\d+\.\d+\.\d+)')
+
+
+def _beam_jar_versions(paths: Sequence[str], kind: str) -> set[str]:
+  found = set()
+  for path in paths:
+    m = _BEAM_JAR.match(os.path.basename(path))
+    if m and m.group(1) == kind:
+      found.add(m.group(2))
+  return found
+
+
+def check_harness_version(harness: Sequence[str],
+                          staged: Sequence[str]) -> None:
+  """A named harness classpath must be the pipeline's Beam version: the
+  harness runs the SDK's classes (the staged ones come after it), and
+  another version's fails on them in ways that name neither. The staged
+  harness jar is the client's own, so only a named one is checked."""
+  named = _beam_jar_versions(harness, 'harness')
+  sdk = _beam_jar_versions(staged, 'core') or _beam_jar_versions(
+      harness, 'core')
+  if named and sdk and named != sdk:
+    raise common.BootError(
+        f'The harness classpath has Beam Java {", ".join(sorted(named))}\'s '
+        f'harness; the pipeline\'s SDK (beam-sdks-java-core) is Beam '
+        f'{", ".join(sorted(sdk))}. Name the harness jars of the same version '
+        '(org.apache.beam:beam-sdks-java-harness and its dependencies from '
+        'Maven Central), or stage beam-sdks-java-harness with the pipeline '
+        '(its own version then runs).')
 
 
 def _pipeline_options(ctx: common.BootContext) -> dict:

@@ -11,12 +11,20 @@ instead, as the SDK's container would have run it:
     IMAGE_GLOB=external:HOST:PORT   beam:env:external:v1, a worker pool
     IMAGE_GLOB=embedded             the embedded Python harness (Python
                                     images only: executors run Beam's Python)
+    IMAGE_GLOB=versioned            a Python image of the job server's Beam
+                                    version embedded, of another version in
+                                    a harness of that version (boot.python:
+                                    a cached virtualenv with that apache-beam
+                                    from the package index)
 
 given to the job server (``--environment-override``, repeatable) or with a
 job (``--environment_override``). The job's own come first, then the
 server's, then the defaults for Beam's own images (``DEFAULT_OVERRIDES``):
 Java, Go and TypeScript images boot their SDK's harness with ``python -m
-beam_pyspark.boot``, Python images run embedded. The environment keeps its
+beam_pyspark.boot``, Python images of our Beam version run embedded, and
+those of another version are refused (planning.versions: the embedded
+harness cannot unpickle another version's functions), naming what works:
+LOOPBACK, or ``=versioned``. The environment keeps its
 id, capabilities and dependencies (staged artifacts reach the harness over
 the Fn API); only how it starts changes. A DOCKER environment no override
 matches is refused at Prepare, naming its image.
@@ -34,10 +42,14 @@ from apache_beam.portability import python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.portability.api import endpoints_pb2
 
+from beam_pyspark.planning import versions
+
 DOCKER = common_urns.environments.DOCKER.urn
 PROCESS = common_urns.environments.PROCESS.urn
 EXTERNAL = common_urns.environments.EXTERNAL.urn
 ANYOF = common_urns.environments.ANYOF.urn
+# Not an environment: resolved per image by apply_overrides.
+VERSIONED = 'beam-pyspark:versioned'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +82,12 @@ class EnvironmentOverride:
       ).SerializeToString(), text)
     if kind == 'embedded' and not rest.strip():
       return cls(pattern, python_urns.EMBEDDED_PYTHON, b'', text)
+    if kind == 'versioned' and not rest.strip():
+      return cls(pattern, VERSIONED, b'', text)
     raise ValueError(
         f'Environment override {text!r}: the part after "=" must be '
-        '"process:COMMAND", "external:HOST:PORT" or "embedded".')
+        '"process:COMMAND", "external:HOST:PORT", "embedded" or '
+        '"versioned".')
 
   def matches(self, image: str) -> bool:
     return fnmatch.fnmatchcase(image, self.pattern)
@@ -106,8 +121,11 @@ def apply_overrides(
     overrides: Sequence[EnvironmentOverride],
     defaults: Sequence[EnvironmentOverride] = DEFAULT_OVERRIDES) -> list[str]:
   """Rewrites, in place, each DOCKER environment an override matches (the
-  first that does); returns a message per rewritten environment."""
-  notes = []
+  first that does); returns a message per rewritten environment. Raises
+  ValueError naming every Python environment of another Beam version that
+  only a default would have mapped (to the embedded harness, which would
+  fail to unpickle its functions)."""
+  notes, refused = [], []
   for env_id, env in pipeline.components.environments.items():
     for where, member in _dockers(env_id, env):
       image = docker_image(member)
@@ -116,13 +134,59 @@ def apply_overrides(
           None)
       if match is None:
         continue
-      member.urn = match.urn
-      member.payload = match.payload
+      version = versions.environment_version(member)
+      urn, payload = match.urn, match.payload
+      if urn == VERSIONED:
+        urn, payload = _versioned(image, version)
+        python = versions.image_python(image)
+        if urn == PROCESS and python and python != versions.OUR_PYTHON:
+          notes.append(
+              f'Environment {where!r} is Python {python}; its harness of '
+              f'Beam {version} runs on the executors\' Python (the job '
+              f'server\'s is {versions.OUR_PYTHON}): code pickled by one '
+              'Python version may fail to unpickle on another.')
+      elif (urn == python_urns.EMBEDDED_PYTHON and version
+            and not versions.same_minor(version)):
+        if any(match is d for d in defaults):
+          refused.append(_refusal(where, image, version))
+          continue
+        notes.append(
+            f'Environment {where!r} is Beam {version}, the embedded harness '
+            f'Beam {versions.OURS}: as override {match.text!r} says, but its '
+            'functions may fail to unpickle (=versioned runs a harness of '
+            f'Beam {version}).')
+      member.urn = urn
+      member.payload = payload
       notes.append(
           f'Environment {where!r} (Docker image {image!r}) runs as '
-          f'{_describe(match)} (override {match.text!r}): Spark executors '
-          'have no Docker daemon.')
+          f'{_describe(urn, payload)} (override {match.text!r}): Spark '
+          'executors have no Docker daemon.')
+  if refused:
+    raise ValueError('\n'.join(refused))
   return notes
+
+
+def _versioned(image: str, version) -> tuple[str, bytes]:
+  """``=versioned``: our own version embedded, another in its own."""
+  if not version or versions.same_minor(version):
+    return python_urns.EMBEDDED_PYTHON, b''
+  return PROCESS, beam_runner_api_pb2.ProcessPayload(
+      command=f'python -m beam_pyspark.boot python --beam_version={version}'
+  ).SerializeToString()
+
+
+def _refusal(where: str, image: str, version: str) -> str:
+  return (
+      f'Environment {where!r} is Beam Python {version} (Docker image '
+      f'{image!r}); this job server runs Beam {versions.OURS}, whose '
+      'embedded harness cannot run functions another Beam version pickled. '
+      'What works: submit with --environment_type=LOOPBACK (your own '
+      f'harness runs the stages), or with apache-beam=={versions.OURS}, or '
+      'let the job server run a harness of your version on its executors '
+      '(installed from the package index into a cached virtualenv): '
+      f"--environment_override='{image}=versioned' with the job, or "
+      "--environment-override='apache/beam_python*_sdk*=versioned' on the "
+      'job server.')
 
 
 def _dockers(env_id: str, env: beam_runner_api_pb2.Environment):
@@ -143,12 +207,12 @@ def _dockers(env_id: str, env: beam_runner_api_pb2.Environment):
           environments=members).SerializeToString()
 
 
-def _describe(override: EnvironmentOverride) -> str:
-  if override.urn == PROCESS:
+def _describe(urn: str, payload: bytes) -> str:
+  if urn == PROCESS:
     return 'a process: ' + beam_runner_api_pb2.ProcessPayload.FromString(
-        override.payload).command
-  if override.urn == EXTERNAL:
+        payload).command
+  if urn == EXTERNAL:
     return 'an external worker pool at ' + (
         beam_runner_api_pb2.ExternalPayload.FromString(
-            override.payload).endpoint.url)
+            payload).endpoint.url)
   return 'the embedded Python harness'

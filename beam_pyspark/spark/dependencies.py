@@ -40,6 +40,7 @@ from beam_pyspark.artifacts.driver import driver_server
 from beam_pyspark.artifacts.retrieval import open_url
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.planning.plan import ExecutionPlan
+from beam_pyspark.planning import versions
 from beam_pyspark.planning.sdks import sdk_of
 from beam_pyspark.worker.setup import artifacts as worker_artifacts
 from beam_pyspark.worker.setup import dependencies as worker_deps
@@ -167,12 +168,20 @@ def collect_dependencies(
   Every environment a stage runs in shares the executors' Python: their
   dependencies are installed together, and two different files under one
   name are an error. Another SDK's harness gets its environment's
-  artifacts itself, over the Fn API's artifact retrieval (boot/).
+  artifacts itself, over the Fn API's artifact retrieval (boot/), and so
+  does a Python harness of another Beam version (LOOPBACK's, the client's
+  own; boot.python's): its files are not for the executors' Beam (a saved
+  main session of 2.61 needs dill; a requirements file may pin its Beam).
   """
   found: dict[str, tuple[worker_deps.StagedFile, str]] = {}
   origins: dict[str, str] = {}
   for env_id, env in _environments(plan):
     if sdk_of(env) != 'python':
+      continue
+    version = versions.environment_version(env)
+    if version and not versions.same_minor(version):
+      log(f'Environment {env_id!r} is Beam {version}: its harness, not the '
+          f'executors\' Beam {versions.OURS}, installs its files')
       continue
     for artifact in _python_dependencies(env):
       name, is_requirements = staged_name(artifact)
