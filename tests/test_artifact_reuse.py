@@ -146,3 +146,31 @@ def test_protocol_reuses_what_the_store_claims():
   assert out[0] == staging_protocol.ReuseStored('env', 0, jar, 'ab' * 32)
   assert out[1].request.get_artifact.artifact == undeclared
   assert len(out) == 2
+
+
+def test_reuse_across_a_restart_keeps_reference_counts(tmp_path, servers):
+  """A job that reused a file records it in its manifest; after a restart
+  the recovered file is reused again, and held until its last job goes."""
+  src = tmp_path / 'client'
+  src.mkdir()
+  jar = os.urandom(100_000)
+  path = write_file(src / 'lib.jar', jar)
+  root, manifests = tmp_path / 'staged', tmp_path / 'manifests'
+  first = servers(root, manifest_dir=str(manifests))
+  for token in ('fetched', 'reused'):
+    first.staging.register_job(token, {'env': [file_artifact(path, 'l.jar')]})
+  assert offer(first, 'fetched') == [path]
+  assert offer(first, 'reused') == []
+  first.stop()
+
+  second = servers(root, manifest_dir=str(manifests))
+  # 'fetched' left the job history while the server was down.
+  recovery = second.staging.recover(['reused'])
+  assert recovery.kept_jobs == ['reused'] and recovery.deleted_files == []
+  second.staging.register_job('later', {'env': [file_artifact(path, 'l.jar')]})
+  assert offer(second, 'later') == []
+  second.staging.remove_job('reused')
+  [later] = second.staging.resolved_artifacts('later')['env']
+  assert second.read(later) == jar
+  second.staging.remove_job('later')
+  assert listing(root) == []
