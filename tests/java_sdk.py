@@ -8,6 +8,7 @@ into ~/.m2 and writes the classpath to sdks/java/target/classpath.txt.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -54,3 +55,17 @@ def run_java(main_class: str, args: list[str], log_path: str,
     pytest.fail(f'{main_class} exited with {proc.returncode}:\n'
                 f'{text[-8000:]}')
   return proc
+
+
+_STAGED = re.compile(
+    r"Staged artifacts for '(?P<token>[^']*)': (?P<artifacts>\d+) artifacts, "
+    r'(?P<fetched>\d+) fetched \((?P<bytes>\d+) bytes\), (?P<reused>\d+) '
+    r'already stored, in (?P<secs>[\d.]+) s')
+
+
+def staging_records(server_log: str) -> list[dict]:
+  """What the job server's log says each job's staging fetched and reused,
+  oldest first (beam_pyspark.artifacts.stream logs one line per job)."""
+  return [{k: v if k == 'token' else float(v) if k == 'secs' else int(v)
+           for k, v in m.groupdict().items()}
+          for m in _STAGED.finditer(server_log)]

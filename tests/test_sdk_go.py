@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -71,12 +72,46 @@ def expected(text, tmp_path_factory):
   return counts
 
 
-def test_wordcount_loopback_matches_the_direct_runner(
+GO_DOC = os.path.join(go_sdk.REPO, 'docs', 'sdks', 'go.md')
+
+
+def _doc_shell_blocks(heading: str) -> list[str]:
+  with open(GO_DOC, encoding='utf-8') as f:
+    doc = f.read()
+  start = doc.index(heading + '\n')
+  end = doc.find('\n## ', start + len(heading))
+  return re.findall(r'^```sh\n(.*?)^```$', doc[start:end], re.M | re.S)
+
+
+def test_wordcount_built_and_run_as_the_go_doc_says(
     server, text, expected, tmp_path):
-  out = str(tmp_path / 'counts.txt')
-  counts, _ = _wordcount(
-      go_sdk.portable_args(server.job_endpoint, 'LOOPBACK'), text, out)
-  assert counts == expected
+  """docs/sdks/go.md's steps as written (issue 43: its `go build` failed
+  outside a module): the build commands in an empty directory, with Go's
+  module and build caches `make sdk-go` filled (so only the link runs), then
+  its `./wordcount` line against this job server, LOOPBACK: the counts of
+  Go's direct runner."""
+  build, run = _doc_shell_blocks('## Submitting')
+  work = tmp_path / 'doc'
+  work.mkdir()
+  proc = subprocess.run(
+      ['bash', '-euo', 'pipefail', '-c', build], cwd=work,
+      capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stderr[-6000:]
+  assert os.access(work / 'wordcount', os.X_OK), os.listdir(work)
+  # The job server line starts this test's server, which runs already.
+  lines = [l for l in run.splitlines()
+           if not l.startswith('beam-pyspark job-server')]
+  assert 'localhost:8099' in run and lines[0].startswith('./wordcount')
+  with open(text, encoding='utf-8') as f:
+    (work / 'in.txt').write_text(f.read(), encoding='utf-8')
+  proc = subprocess.run(
+      ['bash', '-euo', 'pipefail', '-c',
+       '\n'.join(lines).replace('localhost:8099', server.job_endpoint)],
+      cwd=work, capture_output=True, text=True, timeout=300, check=False,
+      # Go's runner leaves a file in TMPDIR per LOOPBACK job.
+      env={**os.environ, 'TMPDIR': str(work)})
+  assert proc.returncode == 0, proc.stderr[-6000:]
+  assert go_sdk.count_lines([str(work / 'counts.txt')]) == expected
 
 
 def _boot_command() -> str:

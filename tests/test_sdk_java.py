@@ -25,7 +25,9 @@ from google.protobuf import struct_pb2
 
 from beam_pyspark.boot import common
 from beam_pyspark.boot import java as java_boot
+from java_sdk import classpath
 from java_sdk import run_java
+from java_sdk import staging_records
 from jobserver_process import JobServerProcess
 from spark_cluster import StandaloneCluster
 from spark_cluster import clean_environment
@@ -101,24 +103,56 @@ def local_server(tmp_path_factory):
     server.stop()
 
 
-def test_wordcount_loopback_on_local_spark(
-    local_server, wordcount_input, direct_counts, tmp_path):
+def server_staging(server) -> list[dict]:
+  with open(server.log_path, encoding='utf-8', errors='replace') as f:
+    return staging_records(f.read())
+
+
+@pytest.fixture(scope='module')
+def first_java_job(local_server, wordcount_input, tmp_path_factory):
+  """The first Java job on local_server, LOOPBACK: its output and what its
+  staging fetched (a fixture, so that the tests relying on a first job
+  having staged the classpath run it whatever their order)."""
+  before = len(server_staging(local_server))
   counts = submit_wordcount(
-      local_server.job_endpoint, wordcount_input, tmp_path,
+      local_server.job_endpoint, wordcount_input,
+      tmp_path_factory.mktemp('first-java-job'),
       '--defaultEnvironmentType=LOOPBACK')
+  staged = server_staging(local_server)[before:]
+  assert len(staged) == 1, staged
+  return counts, staged[0]
+
+
+def test_wordcount_loopback_on_local_spark(first_java_job, direct_counts):
+  counts, staged = first_java_job
   assert counts == direct_counts
+  # Java's PortableRunner stages the submitting JVM's classpath, jar by jar
+  # (whatever an earlier test on this server staged is not fetched again).
+  jars = classpath().split(os.pathsep)
+  assert staged['artifacts'] == len(jars), (staged, len(jars))
+  assert staged['fetched'] + staged['reused'] == len(jars), staged
 
 
 def test_wordcount_in_javas_default_docker_environment(
-    local_server, wordcount_input, direct_counts, tmp_path):
+    local_server, first_java_job, wordcount_input, direct_counts, tmp_path):
   """With no environment option, Java's environment is Docker
   (apache/beam_java17_sdk:2.62.0); the job server maps Beam's Java images
-  to the PROCESS boot, so the pipeline runs unchanged."""
+  to the PROCESS boot, so the pipeline runs unchanged.
+
+  The second job stages the same classpath: the job server holds every jar
+  by its sha256 already and asks for none (issue 43: each job sent all of
+  them again, 107 MB for Beam's examples)."""
   counts = submit_wordcount(
       local_server.job_endpoint, wordcount_input, tmp_path)
   assert counts == direct_counts
   detail = jobs_detail(local_server)
   assert 'java, process' in detail, detail[-3000:]
+  first = first_java_job[1]
+  second = server_staging(local_server)[-1]
+  assert second['token'] != first['token']
+  assert second['artifacts'] == first['artifacts'], (first, second)
+  assert second['fetched'] == second['bytes'] == 0, (first, second)
+  assert second['reused'] == second['artifacts'], second
 
 
 def test_a_java_harness_that_cannot_boot_fails_the_job_with_the_boots_words(
@@ -129,7 +163,6 @@ def test_a_java_harness_that_cannot_boot_fails_the_job_with_the_boots_words(
   the harness command and its log above', the reason was on the job
   server's stderr)."""
   from apache_beam.portability.api import beam_job_api_pb2
-  from java_sdk import classpath
   from java_sdk import java
   staged = [jar for jar in classpath().split(os.pathsep)
             if not os.path.basename(jar).startswith('beam-sdks-java-harness')]

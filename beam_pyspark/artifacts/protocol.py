@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import re
+from typing import Callable
 from typing import Optional
 from typing import Union
 
@@ -34,6 +36,22 @@ _PREFERRED_URNS = (FILE_URN, EMBEDDED_URN, URL_URN)
 # gRPC trailers carry the details; a runaway exception message must not
 # make them huge.
 _MAX_DETAILS_CHARS = 2000
+
+_SHA256 = re.compile(r'^[0-9a-f]{64}$')
+
+
+def declared_sha256(artifact: ArtifactInformation) -> Optional[str]:
+  """The sha256 a FILE artifact's payload declares (Java's and Python's
+  stagers fill it in), lower case; None when absent or not a digest."""
+  if artifact.type_urn != FILE_URN:
+    return None
+  try:
+    digest = beam_runner_api_pb2.ArtifactFilePayload.FromString(
+        artifact.type_payload).sha256.lower()
+  except Exception:  # pylint: disable=broad-except
+    # Malformed: nothing to reuse; the fetch reports what is wrong.
+    return None
+  return digest if _SHA256.match(digest) else None
 
 
 class ArtifactStagingError(BeamPySparkError):
@@ -82,6 +100,16 @@ class StoreEmbedded:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReuseStored:
+  """The store already holds this content (claimed through ``reuse``):
+  no bytes are asked for."""
+  environment: str
+  index: int
+  artifact: ArtifactInformation
+  sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
 class BeginFetch:
   """The chunks that follow belong to this artifact."""
   environment: str
@@ -104,8 +132,8 @@ class Finished:
   pass
 
 
-Instruction = Union[SendRequest, KeepArtifact, StoreEmbedded, BeginFetch,
-                    FetchChunk, EndFetch, Finished]
+Instruction = Union[SendRequest, KeepArtifact, StoreEmbedded, ReuseStored,
+                    BeginFetch, FetchChunk, EndFetch, Finished]
 
 
 class StagingProtocol:
@@ -117,9 +145,17 @@ class StagingProtocol:
   client's order. Every environment is asked about, also one without
   dependencies: a client may wait for its environment's resolve request
   before it ends the stream (Beam's TypeScript client waits for ever).
+
+  ``reuse(sha256)`` is asked about each resolved FILE artifact that declares
+  its sha256: True means the store holds that content and has taken a
+  reference for this stream, so the artifact is not fetched (a Java job
+  stages its whole classpath, the same jars job after job). Beam's own
+  staging service has the hook (``getLocal()``) but always fetches.
   """
-  def __init__(self, staging_token: str, dependency_sets: DependencySets):
+  def __init__(self, staging_token: str, dependency_sets: DependencySets,
+               reuse: Callable[[str], bool] = lambda sha256: False):
     self.staging_token = staging_token
+    self._reuse = reuse
     self.phase = Phase.START
     self._dependency_sets = dependency_sets
     self._environments = collections.deque(dependency_sets)
@@ -190,7 +226,11 @@ class StagingProtocol:
               f'embedded payload: {exn}') from exn
         out.append(StoreEmbedded(env, index, artifact, data))
       else:
-        self._pending.append((index, artifact))
+        digest = declared_sha256(artifact)
+        if digest is not None and self._reuse(digest):
+          out.append(ReuseStored(env, index, artifact, digest))
+        else:
+          self._pending.append((index, artifact))
     if self._pending:
       self.phase = Phase.FETCHING
       out.append(self._get_request())

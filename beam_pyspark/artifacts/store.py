@@ -184,6 +184,23 @@ class BlobStore:
       self._held.setdefault(holder, set()).add(digest)
       return StoredBlob(entry.path, digest, entry.size)
 
+  def hold(self, digest: str, holder: str) -> Optional[StoredBlob]:
+    """The stored file of this content, now also held by holder; None if
+    the store holds no such file.
+
+    A client that names an artifact's sha256 need not send bytes the store
+    already has. Taking the reference here, under the lock, keeps a
+    concurrent ``release`` of another job from deleting the file between
+    "it is stored" and "this job uses it".
+    """
+    with self._lock:
+      entry = self._entries.get(digest)
+      if entry is None:
+        return None
+      entry.holders.add(holder)
+      self._held.setdefault(holder, set()).add(digest)
+      return StoredBlob(entry.path, digest, entry.size)
+
   def discard(self, blob: PendingBlob) -> None:
     """Drops an unfinished blob; never raises, as it runs on error paths."""
     try:

@@ -31,6 +31,7 @@ from beam_pyspark.artifacts.retrieval import abort
 from beam_pyspark.artifacts.store import ArtifactSink
 from beam_pyspark.artifacts.store import BlobStore
 from beam_pyspark.artifacts.store import ByteBudget
+from beam_pyspark.artifacts.store import StoredBlob
 from beam_pyspark.artifacts.protocol import ArtifactInformation
 from beam_pyspark.artifacts.protocol import ArtifactStagingError
 from beam_pyspark.artifacts.protocol import BeginFetch
@@ -41,6 +42,8 @@ from beam_pyspark.artifacts.protocol import Finished
 from beam_pyspark.artifacts.protocol import Instruction
 from beam_pyspark.artifacts.protocol import KeepArtifact
 from beam_pyspark.artifacts.protocol import ProtocolError
+from beam_pyspark.artifacts.protocol import ReuseStored
+from beam_pyspark.artifacts.protocol import declared_sha256
 from beam_pyspark.artifacts.protocol import SendRequest
 from beam_pyspark.artifacts.protocol import StagingProtocol
 from beam_pyspark.artifacts.protocol import StoreEmbedded
@@ -82,7 +85,14 @@ class StagingHost(Protocol):
     ...
 
 
-_Slot = Union[ArtifactInformation, ArtifactSink]
+@dataclasses.dataclass(frozen=True)
+class _Reused:
+  """An artifact whose content the store already held."""
+  artifact: ArtifactInformation
+  stored: StoredBlob
+
+
+_Slot = Union[ArtifactInformation, ArtifactSink, _Reused]
 
 
 @dataclasses.dataclass
@@ -128,7 +138,8 @@ class StagingStream:
     self._host = host
     self._store = host.store
     self._budget = host.budget
-    self._protocol = StagingProtocol(staging_token, dependency_sets)
+    self._protocol = StagingProtocol(
+        staging_token, dependency_sets, reuse=self._hold_stored)
     self._responses = responses
     self._context = context
     self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -143,6 +154,8 @@ class StagingStream:
         env: {} for env in dependency_sets
     }
     self._current: Optional[ArtifactSink] = None  # reader thread only
+    # sha256 -> the stored file this stream holds without fetching it.
+    self._reused: dict[str, StoredBlob] = {}  # reader thread only
     self._started = time.monotonic()
 
   @property
@@ -237,6 +250,8 @@ class StagingStream:
         case KeepArtifact(env, index, artifact):
           self._check_url(env, artifact)
           self._results[env][index] = artifact
+        case ReuseStored(env, index, artifact, digest):
+          self._results[env][index] = _Reused(artifact, self._reused[digest])
         case StoreEmbedded(env, index, artifact, data):
           sink = self._results[env][index] = self._new_sink(env, artifact)
           self._feed(sink, data)
@@ -266,6 +281,19 @@ class StagingStream:
           grpc.StatusCode.PERMISSION_DENIED,
           f'Staging artifacts for {self.staging_token!r} refused: {exn}'))
       raise _StreamAbandoned() from exn
+
+  def _hold_stored(self, digest: str) -> bool:
+    """The protocol's ``reuse``: takes a reference to stored content under
+    the stream's lock, so that a failure's cleanup (which releases this
+    stream's holder after the failure is set) cannot miss it."""
+    with self._lock:
+      if self._failure is not None:
+        raise _StreamAbandoned()
+      stored = self._store.hold(digest, self.holder)
+    if stored is None:
+      return False
+    self._reused[digest] = stored
+    return True
 
   def _new_sink(
       self, env: str, artifact: ArtifactInformation) -> ArtifactSink:
@@ -312,22 +340,43 @@ class StagingStream:
     concurrent.futures.wait([s.result for s in sinks])
     if self.failed or any(s.result.exception() for s in sinks):
       return  # the failure is already on its way to the client
+    for sink in sinks:
+      # What the client declared is what a later job's reuse trusts: the
+      # bytes it sent must be that content.
+      declared = declared_sha256(sink.artifact)
+      stored = sink.result.result()
+      if declared is not None and declared != stored.sha256:
+        self.fail(Failure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f'Staging artifacts for {self.staging_token!r} failed: '
+            f'{sink.name!r} (environment {sink.environment!r}) declares '
+            f'sha256 {declared}, but the {stored.size} bytes the client sent '
+            f'have sha256 {stored.sha256}. The file changed while it was '
+            'staged, or the client computed its hash wrongly; submit the job '
+            'again.'))
+        return
     resolved: DependencySets = {}
-    stored_bytes = 0
+    fetched_bytes = 0
+    reused = 0
     stored_files = []
     for env, slots in self._results.items():
       resolved[env] = []
       for _, entry in sorted(slots.items()):
-        if isinstance(entry, ArtifactSink):
-          stored = entry.result.result()
-          stored_bytes += stored.size
+        if isinstance(entry, (ArtifactSink, _Reused)):
+          original = entry.artifact
+          if isinstance(entry, ArtifactSink):
+            stored = entry.result.result()
+            fetched_bytes += stored.size
+          else:
+            stored = entry.stored
+            reused += 1
           stored_files.append(os.path.basename(stored.path))
           entry = ArtifactInformation(
               type_urn=FILE_URN,
               type_payload=beam_runner_api_pb2.ArtifactFilePayload(
                   path=stored.path, sha256=stored.sha256).SerializeToString(),
-              role_urn=entry.artifact.role_urn,
-              role_payload=entry.artifact.role_payload)
+              role_urn=original.role_urn,
+              role_payload=original.role_payload)
         resolved[env].append(entry)
     # Recorded before the job counts as staged, so that a restarted server
     # knows these files are in use. A failure from here on removes it again
@@ -348,10 +397,12 @@ class StagingStream:
         self._failure = failure
       self._outbox.put(failure)
       return
+    # tests/test_sdk_java.py reads this line: keep its wording.
     _LOGGER.info(
-        'Staged artifacts for %r: %d artifacts, %d stored (%d bytes) in '
-        '%.1f s', self.staging_token, sum(map(len, resolved.values())),
-        len(sinks), stored_bytes, time.monotonic() - self._started)
+        'Staged artifacts for %r: %d artifacts, %d fetched (%d bytes), %d '
+        'already stored, in %.1f s', self.staging_token,
+        sum(map(len, resolved.values())), len(sinks), fetched_bytes, reused,
+        time.monotonic() - self._started)
     self._outbox.put(_DONE)
 
   # Either thread.
