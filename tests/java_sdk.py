@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
+
+from beam_pyspark.javahome import find_java
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SDK_DIR = os.path.join(ROOT, 'sdks', 'java')
@@ -31,10 +32,7 @@ def classpath() -> str:
 
 
 def java() -> str:
-  home = os.environ.get('JAVA_HOME')
-  if home and os.path.exists(os.path.join(home, 'bin', 'java')):
-    return os.path.join(home, 'bin', 'java')
-  found = shutil.which('java')
+  found = find_java()
   assert found, 'no java on PATH'
   return found
 

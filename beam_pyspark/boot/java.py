@@ -39,11 +39,11 @@ import logging
 import os
 import re
 import shlex
-import shutil
 from typing import Optional
 from typing import Sequence
 
 from beam_pyspark.boot import common
+from beam_pyspark.javahome import find_java
 
 _LOGGER = logging.getLogger('beam_pyspark.boot.java')
 
@@ -163,10 +163,7 @@ def jvm_args(ctx: common.BootContext, cp: list[str],
 
 
 def java_executable() -> str:
-  home = os.environ.get('JAVA_HOME')
-  if home and os.path.exists(os.path.join(home, 'bin', 'java')):
-    return os.path.join(home, 'bin', 'java')
-  found = shutil.which('java')
+  found = find_java()
   if not found:
     raise common.BootError(
         'No java on PATH and no JAVA_HOME: the Java harness needs Java '

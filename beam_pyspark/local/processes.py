@@ -4,13 +4,14 @@ processes that start, get waited for and stop as a group."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+from beam_pyspark.javahome import find_java
 
 # A clone's root: beam_pyspark/local/processes.py -> the repository.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -46,10 +47,7 @@ def read_classpath(path: str, make_target: str) -> str:
 
 
 def java() -> str:
-  home = os.environ.get('JAVA_HOME')
-  if home and os.path.exists(os.path.join(home, 'bin', 'java')):
-    return os.path.join(home, 'bin', 'java')
-  found = shutil.which('java')
+  found = find_java()
   if not found:
     raise ServiceError('no java on PATH (and JAVA_HOME names none): install '
                        'Java 17 or later (`make setup` does)')

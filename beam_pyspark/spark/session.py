@@ -11,6 +11,7 @@ import sys
 from typing import Optional
 
 from beam_pyspark.errors import BeamPySparkError
+from beam_pyspark.javahome import find_java
 from beam_pyspark.spark.jvm import java_options
 
 _LOGGER = logging.getLogger(__name__)
@@ -45,10 +46,7 @@ def console_progress_bar(conf: Optional[dict] = None) -> bool:
 
 
 def check_java() -> None:
-  java_home = os.environ.get('JAVA_HOME')
-  if java_home and os.path.exists(os.path.join(java_home, 'bin', 'java')):
-    return
-  if shutil.which('java'):
+  if find_java():
     return
   raise BeamPySparkError(
       'Spark needs Java (17 or later), but no `java` is on PATH and JAVA_HOME '
