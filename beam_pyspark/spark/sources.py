@@ -358,6 +358,12 @@ class Query:
         except Exception:  # pylint: disable=broad-except
           if not self._errors:
             raise
+      if not query.isActive and not self._errors:
+        # Only a failure ends a query that was not stopped. One that failed
+        # before the loop first looked (on a loaded machine ``start()``
+        # returns after Spark's 10 s for the source's process are over)
+        # raises here: else the job ended DONE, nothing read.
+        query.awaitTermination(POLL_SECS)
     finally:
       try:
         query.stop()
