@@ -10,11 +10,14 @@ read over many micro-batches into windowed sums, an idempotent sink) whose
 checkpoint, Spark's query checkpoint included, is on HDFS: the server's
 next start resumes the job from HDFS, and its output equals Beam's
 DirectRunner's. S3 and a driver killed mid-batch: test_checkpoint_s3.py.
+Last, the same store under load: a job whose query's first start fails
+as on a loaded machine, while every core is busy (tests/cpu_load.py).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 
@@ -26,6 +29,9 @@ from apache_beam.portability.api import beam_job_api_pb2
 from checkpoint_store_checks import check_checkpoint_dir
 from checkpoint_store_checks import check_store
 from checkpoint_store_checks import location
+from cpu_load import busy_cores
+from cpu_load import run_logged
+from cpu_load import slow_first_source_python
 from jobserver_process import JobServerProcess
 from local_command import LocalCommand
 import streaming_recovery_job as job
@@ -117,4 +123,44 @@ def test_a_job_server_killed_resumes_its_streaming_job_from_hdfs(
   assert resumed and url in resumed[-1], texts
   assert int(resumed[-1].split('micro-batch ')[1].split()[0]) >= killed_at
   assert job.read_output(str(out)) == expected
+  assert not store.isdir(''), 'a DONE job keeps no checkpoint'
+
+
+def test_a_streaming_job_on_hdfs_starts_again_and_is_exact_with_every_core_busy(
+    tmp_path, hdfs):
+  """The driver-kill job's TestStream job (windowed sums under early,
+  on-time and late firings, a stateful DoFn with a timer, Beam's file
+  sink), checkpointed on HDFS (Spark's query checkpoint too), while 8
+  CPU-bound processes keep both cores busy, in a driver of its own. Its
+  query's first start fails as Spark's own does on a loaded machine (the
+  source's Python process does not connect back within Spark's 10 s,
+  cpu_load.slow_first_source_python): the job starts it again after a
+  pause, says why, and its output equals Beam's DirectRunner's."""
+  reference = tmp_path / 'direct'
+  reference.mkdir()
+  with beam.Pipeline('DirectRunner', options=PipelineOptions(
+      ['--streaming', '--allow_unsafe_triggers'])) as p:
+    job.build(p, str(reference))
+  expected = job.read_output(str(reference)), job.read_files(str(reference))
+  out = tmp_path / 'out'
+  out.mkdir()
+  path = f'loaded-{uuid.uuid4().hex[:8]}'
+  url, store = hdfs.url(path), location(hdfs, path).store()
+  env = dict(os.environ, PYSPARK_PYTHON=slow_first_source_python(
+      str(tmp_path)))
+  with busy_cores():
+    code, log = run_logged(
+        [sys.executable, os.path.join(HERE, 'streaming_recovery_job.py'),
+         str(out), url, *hdfs.options], str(tmp_path / 'driver.log'),
+        timeout=900, cwd=HERE, env=env)
+  assert code == 0, log[-6000:]
+  assert (tmp_path / 'slow-source').is_dir(), 'the first start was not slow'
+  restarts = [line for line in log.splitlines() if 'did not start' in line]
+  print(f'{len(restarts)} restarts of the query')
+  assert restarts, log[-6000:]
+  assert 'connect back within Spark\'s fixed 10 s' in restarts[0]
+  assert 'Starting it again in 2 s (start 2)' in restarts[0], restarts
+  assert 'Thread State' not in log, log[-6000:]
+  assert (out / 'out').is_dir(), log[-6000:]
+  assert (job.read_output(str(out)), job.read_files(str(out))) == expected
   assert not store.isdir(''), 'a DONE job keeps no checkpoint'

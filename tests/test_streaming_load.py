@@ -19,25 +19,18 @@ EXAMPLE = os.path.join(REPO, 'examples', 'streaming_counts.py')
 sys.path.insert(0, os.path.join(REPO, 'examples'))
 from streaming_counts import WORDS  # pylint: disable=wrong-import-position
 
-BUSY_PROCESSES = 8
-# Each busy process ends by itself after this long, should the test die
-# before it stops them.
-BUSY_SECS = 900
+from cpu_load import busy_cores  # pylint: disable=wrong-import-position
+from cpu_load import load  # pylint: disable=wrong-import-position
+
 RUN_WAIT_SECS = 800
 SECONDS, RATE = 4, 10
-_BUSY = ('import time\nend = time.monotonic() + {secs}\n'
-         'while time.monotonic() < end:\n  pass\n')
 _FILE = re.compile(r'(\S+)-(\d{5})-of-(\d{5})\.txt$')
 
 
 def test_the_streaming_example_gives_exact_output_with_every_core_busy(
     tmp_path):
   output = str(tmp_path / 'counts')
-  busy = [subprocess.Popen([sys.executable, '-c',
-                            _BUSY.format(secs=BUSY_SECS)])
-          for _ in range(BUSY_PROCESSES)]
-  try:
-    time.sleep(2)  # the load is there before the job starts
+  with busy_cores():
     started = time.monotonic()
     run = subprocess.run(
         [sys.executable, EXAMPLE, '--output', output,
@@ -46,13 +39,7 @@ def test_the_streaming_example_gives_exact_output_with_every_core_busy(
          f'--rate={RATE}'],
         capture_output=True, text=True, cwd=REPO, timeout=RUN_WAIT_SECS,
         check=False)
-    print(f'the example ran in {time.monotonic() - started:.0f} s, '
-          f'load {os.getloadavg()[0]:.1f}')
-  finally:
-    for proc in busy:
-      proc.kill()
-    for proc in busy:
-      proc.wait()
+    print(f'the example ran in {time.monotonic() - started:.0f} s, {load()}')
   log = run.stdout + run.stderr
   # Why it failed: Python's lines, not the JVM's frames around them.
   assert run.returncode == 0, '\n'.join(

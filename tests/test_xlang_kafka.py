@@ -11,14 +11,19 @@ harness with ``python -m beam_pyspark.boot java`` from the jars the runner
 staged; the Python stages stay embedded. One pipeline per runner writes a
 topic from Python elements and reads a topic seeded by Kafka's own console
 producer: what Kafka's console consumer reads back must equal what was
-written, and what the pipeline read must equal what was seeded.
+written, and what the pipeline read must equal what was seeded. Last, a
+streaming job reads the seeded topic, its checkpoint on S3, while every
+core is busy (tests/cpu_load.py).
 """
 
 from __future__ import annotations
 
+import collections
 import glob
 import json
+import os
 import re
+import sys
 
 import pytest
 
@@ -32,8 +37,12 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pyspark.local.expansion import ExpansionService
 from beam_pyspark.local.kafka import KafkaTools
+from beam_pyspark.local.stores import MotoS3
+from cpu_load import busy_cores
+from cpu_load import run_logged
 from jobserver_process import JobServerProcess
 from local_command import LocalCommand
+import kafka_stream_job
 
 PARTITIONS = 3
 SEEDED = [(f'key-{i % 7}', f'seeded-{i}') for i in range(60)]
@@ -168,3 +177,40 @@ def test_kafka_write_and_bounded_read_through_the_job_server(
   }
   assert images == {'apache/beam_java17_sdk:2.71.0'}
   check(broker, 'from-job-server', out)
+
+
+def test_a_streaming_kafka_read_checkpointed_on_s3_is_exact_with_every_core_busy(
+    broker, kafka_service, tmp_path):
+  """A streaming job (--streaming: the streaming engine, micro-batches)
+  reads the seeded topic through KafkaIO's Java expansion, its checkpoint
+  on an S3 server (moto), in a driver of its own, while 8 CPU-bound
+  processes keep both cores busy (at load 30-90 streaming jobs failed
+  before their first micro-batch: spark.querystarts): every record once,
+  and each key's count, as Kafka holds them."""
+  out = tmp_path / 'out'
+  out.mkdir()
+  s3 = MotoS3(str(tmp_path / 's3'))
+  try:
+    with busy_cores():
+      code, log = run_logged(
+          [sys.executable, kafka_stream_job.__file__, str(out),
+           broker.bootstrap, 'seeded', str(len(SEEDED)),
+           kafka_service.address, '--streaming',
+           '--spark_master_url=local[2]',
+           f'--checkpoint_location={s3.url("kafka-job")}', *s3.options],
+          str(tmp_path / 'driver.log'), timeout=900,
+          cwd=os.path.dirname(kafka_stream_job.__file__))
+    assert code == 0, log[-6000:]
+    assert not s3.filesystem().exists(s3.url('kafka-job')), (
+        'a DONE job keeps no checkpoint')
+  finally:
+    s3.stop()
+  restarts = [line for line in log.splitlines() if 'did not start' in line]
+  print(f'{len(restarts)} restarts of the query')
+  for line in restarts:
+    assert 'connect back within Spark\'s fixed 10 s' in line, line
+  assert 'kept on the driver\'s disk' in log, log[-3000:]
+  counts = collections.Counter(k for k, _ in SEEDED)
+  assert kafka_stream_job.read_names(str(out)) == sorted(
+      [f'record-{k}-{v}' for k, v in SEEDED] +
+      [f'count-{k}-{n}' for k, n in counts.items()])
