@@ -176,7 +176,10 @@ class KafkaBroker(KafkaTools):
     cluster_id = base64.urlsafe_b64encode(
         uuid.uuid4().bytes).decode().rstrip('=')
     # --ignore-formatted: a kept directory (--dir) starts again as it was.
-    self.run_tool(['kafka.tools.StorageTool', 'format', '-t', cluster_id,
+    # The id joined to its flag: one starting with '-' (1 in 64 of them)
+    # was read as a flag, and the format failed ("expected one argument").
+    self.run_tool(['kafka.tools.StorageTool', 'format',
+                   f'--cluster-id={cluster_id}',
                    '-c', self.properties, '--ignore-formatted'], 'format')
     self.process = processes.start(
         [processes.java(), '-Xmx512m', '-XX:+UseSerialGC',
