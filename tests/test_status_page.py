@@ -124,11 +124,14 @@ def test_the_runner_serves_its_own_jobs_when_asked(tmp_path):
   # Its real first state, the master Spark ran and the options set.
   detail = json.loads(_get(url + 'api/jobs/' + mine[0]['job_id'])[2])
   assert [s['label'] for s in detail['states']][:2] == ['PREPARED', 'STARTING']
-  from conftest import SPARK_MASTER
-  cores = SPARK_MASTER[len('local['):-1]
-  assert detail['spark_master'] == {'master': SPARK_MASTER,
-                                    'cores': int(cores)}
-  assert f'{SPARK_MASTER} ({cores} cores)' in page
+  # The context the job ran on: the test's (local[2]), or one an earlier
+  # test of this process left running (whose master the job then used).
+  from pyspark import SparkContext
+  from beam_pyspark.spark.session import master_info
+  ran = master_info(SparkContext._active_spark_context)  # pylint: disable=protected-access
+  assert ran['master'].startswith('local[') and ran['cores'] >= 1, ran
+  assert detail['spark_master'] == ran
+  assert f"{ran['master']} ({ran['cores']} cores)" in page
   assert set(detail['options_set']) == {
       'job_name', 'runner', 'spark_master_url', 'status_port'}, detail[
           'options_set']
@@ -580,11 +583,16 @@ def test_a_jobs_first_state_is_not_stopped_and_its_options_are_the_set_ones(
   import re
   from apache_beam.options.pipeline_options import PipelineOptions
   registry, invoke, wrapped, server = live_site
-  # What Beam's PortableRunner sends: every option, defaults included.
-  sent = {f'beam:option:{k}:v1': v for k, v in PipelineOptions([
-      '--job_name=nightly-report', '--spark_parallelism=7',
-      '--experiments=use_sdf']).get_all_options(
-          retain_unknown_options=True).items() if v is not None}
+  from apache_beam.runners.job import utils as job_utils
+  from apache_beam.runners.portability.portable_runner import JobServiceHandle
+  # What Beam's PortableRunner sends: every option, defaults included,
+  # encoded as its client encodes them (a value provider's value or null:
+  # the options of every PipelineOptions class imported so far, some of
+  # them value providers, depending on what ran before in this process).
+  sent = job_utils.struct_to_dict(JobServiceHandle.encode_pipeline_options(
+      PipelineOptions(['--job_name=nightly-report', '--spark_parallelism=7',
+                       '--experiments=use_sdf']).get_all_options(
+                           retain_unknown_options=True)))
   sent['beam:option:experiments:v1'] = ['use_sdf', 'beam_fn_api']
   sent['beam:option:spark_master_url:v1'] = 'local[4]'  # Beam's default
   assert len(sent) > 40
@@ -601,7 +609,7 @@ def test_a_jobs_first_state_is_not_stopped_and_its_options_are_the_set_ones(
       'PREPARED', 'STARTING', 'RUNNING']
   assert detail['options_set'] == {
       'experiments': ['use_sdf'], 'job_name': 'nightly-report',
-      'spark_parallelism': 7}
+      'spark_parallelism': '7'}  # (Beam's client sends ints as strings)
   shown, hidden = page.split('<details id="all-options">')
   assert 'spark_parallelism' in shown and 'spark_master_url' not in shown
   assert 'local[4]' in hidden  # all of them, a click away

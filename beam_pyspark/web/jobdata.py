@@ -214,6 +214,8 @@ def set_options(job) -> dict:
     name = _plain(key)
     if name == 'experiments' and isinstance(value, list):
       value = [e for e in value if e not in _ADDED_EXPERIMENTS] or None
+    if value is None:  # no choice (Beam's client sends an unset value
+      continue         # provider as null)
     if name not in defaults or not _same(defaults[name], value):
       shown[name] = redact(name, value)
   return shown
