@@ -81,6 +81,21 @@ class BootContext:
     from CONTROL_API_SERVICE_DESCRIPTOR and LOGGING_API_SERVICE_DESCRIPTOR)."""
     return f'url: "{url}"\n'
 
+  def fn_api_env(self) -> dict:
+    """The Fn API endpoints and runner capabilities every SDK's harness
+    reads from its environment; STATUS_API_SERVICE_DESCRIPTOR None where
+    the runner serves no status endpoint (to be left unset)."""
+    status = self.info.status_endpoint.url
+    return {
+        'CONTROL_API_SERVICE_DESCRIPTOR': self.descriptor_text(
+            self.control_endpoint),
+        'LOGGING_API_SERVICE_DESCRIPTOR': self.descriptor_text(
+            self.logging_endpoint),
+        'RUNNER_CAPABILITIES': ' '.join(self.info.runner_capabilities),
+        'STATUS_API_SERVICE_DESCRIPTOR': (
+            self.descriptor_text(status) if status else None),
+    }
+
   def options_json(self) -> str:
     """The job's pipeline options as JSON (PIPELINE_OPTIONS)."""
     from google.protobuf import json_format  # pylint: disable=import-outside-toplevel

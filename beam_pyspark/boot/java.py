@@ -176,19 +176,12 @@ def harness_env(ctx: common.BootContext, options_file: str,
   """The environment variables FnHarness.main reads."""
   env = dict(os.environ if base is None else base)
   env.pop('PIPELINE_OPTIONS', None)  # the file below is the one source
-  env.update(
-      HARNESS_ID=ctx.worker_id,
-      PIPELINE_OPTIONS_FILE=options_file,
-      CONTROL_API_SERVICE_DESCRIPTOR=ctx.descriptor_text(
-          ctx.control_endpoint),
-      LOGGING_API_SERVICE_DESCRIPTOR=ctx.descriptor_text(
-          ctx.logging_endpoint),
-      RUNNER_CAPABILITIES=' '.join(ctx.info.runner_capabilities))
-  status = ctx.info.status_endpoint.url
-  if status:
-    env['STATUS_API_SERVICE_DESCRIPTOR'] = ctx.descriptor_text(status)
-  else:
-    env.pop('STATUS_API_SERVICE_DESCRIPTOR', None)
+  env.update(HARNESS_ID=ctx.worker_id, PIPELINE_OPTIONS_FILE=options_file)
+  for name, value in ctx.fn_api_env().items():
+    if value is None:
+      env.pop(name, None)
+    else:
+      env[name] = value
   return env
 
 

@@ -147,15 +147,8 @@ def command(ctx: common.BootContext) -> tuple[list[str], dict]:
   env.update(
       SEMI_PERSISTENT_DIRECTORY=ctx.semi_persist_dir,
       WORKER_ID=ctx.worker_id,
-      PIPELINE_OPTIONS=ctx.options_json(),
-      CONTROL_API_SERVICE_DESCRIPTOR=ctx.descriptor_text(
-          ctx.control_endpoint),
-      LOGGING_API_SERVICE_DESCRIPTOR=ctx.descriptor_text(
-          ctx.logging_endpoint),
-      RUNNER_CAPABILITIES=' '.join(ctx.info.runner_capabilities))
-  status = ctx.info.status_endpoint.url
-  if status:
-    env['STATUS_API_SERVICE_DESCRIPTOR'] = ctx.descriptor_text(status)
+      PIPELINE_OPTIONS=ctx.options_json())
+  env.update({k: v for k, v in ctx.fn_api_env().items() if v is not None})
   return [python, '-m', 'apache_beam.runners.worker.sdk_worker_main'], env
 
 
