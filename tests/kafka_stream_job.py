@@ -37,6 +37,17 @@ def parse(record) -> tuple[str, int]:
   return prefix, 1
 
 
+def touch_once(out: str, name: str) -> None:
+  """An empty file ``name`` in ``out``, written through a temporary name
+  and a rename, once (a retried bundle writes nothing new)."""
+  final = os.path.join(out, name)
+  if not os.path.exists(final):
+    temp = os.path.join(out, f'.{name}.{os.getpid()}')
+    with open(temp, 'w', encoding='utf-8'):
+      pass
+    os.replace(temp, final)
+
+
 class WriteCount(beam.DoFn):
   def __init__(self, out: str):
     self.out = out
@@ -44,12 +55,7 @@ class WriteCount(beam.DoFn):
   def process(self, element, w=beam.DoFn.WindowParam):
     _, count = element
     name = f'{int(w.start.micros // 1000)}-{count}'
-    final = os.path.join(self.out, name)
-    if not os.path.exists(final):
-      temp = os.path.join(self.out, f'.{name}.{os.getpid()}')
-      with open(temp, 'w', encoding='utf-8'):
-        pass
-      os.replace(temp, final)
+    touch_once(self.out, name)
     yield name
 
 
@@ -95,12 +101,7 @@ class WriteOnce(beam.DoFn):
     self.out = out
 
   def process(self, name):
-    final = os.path.join(self.out, name)
-    if not os.path.exists(final):
-      temp = os.path.join(self.out, f'.{name}.{os.getpid()}')
-      with open(temp, 'w', encoding='utf-8'):
-        pass
-      os.replace(temp, final)
+    touch_once(self.out, name)
     yield name
 
 

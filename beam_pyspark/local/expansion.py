@@ -13,7 +13,7 @@ NAMES = {'sql': 'Beam SQL', 'kafka': 'KafkaIO',
          'validates': 'the cross-language ValidatesRunner suite'}
 
 
-class ExpansionService:
+class ExpansionService(processes.JavaServer):
   """``address`` is where pipelines reach it (``expansion_service=``).
 
   ``args`` go to the script after the port (``--beam-default-environment``,
@@ -48,9 +48,3 @@ class ExpansionService:
     except BaseException:
       self.stop()
       raise
-
-  def log_tail(self, chars: int = 6000) -> str:
-    return processes.log_tail(self.log_path, chars)
-
-  def stop(self) -> None:
-    processes.stop(self.process, grace=30)

@@ -132,7 +132,7 @@ class KafkaTools:
     return found
 
 
-class KafkaBroker(KafkaTools):
+class KafkaBroker(KafkaTools, processes.JavaServer):
   """One node that is broker and controller; ``bootstrap`` is its address.
 
   ``port`` 0 picks a free one; ``auto_create_topics`` lets a first write
@@ -192,9 +192,3 @@ class KafkaBroker(KafkaTools):
     except BaseException:
       self.stop()
       raise
-
-  def log_tail(self, chars: int = 6000) -> str:
-    return processes.log_tail(self.log_path, chars)
-
-  def stop(self) -> None:
-    processes.stop(self.process, grace=30)

@@ -122,6 +122,19 @@ def log_tail(path: str, chars: int = 6000) -> str:
     return ''
 
 
+class JavaServer:
+  """A server in a JVM of its own (``process``), logging to ``log_path``."""
+  process: subprocess.Popen | None = None
+  log_path: str = ''
+
+  def log_tail(self, chars: int = 6000) -> str:
+    return log_tail(self.log_path, chars)
+
+  def stop(self) -> None:
+    stop(self.process, grace=30)
+
+
+
 def wait_listening(proc: subprocess.Popen, port: int, timeout: float,
                    what: str, log_path: str, every: float = 0.3) -> None:
   """Until ``proc`` listens on ``port``; ServiceError with its log's end
