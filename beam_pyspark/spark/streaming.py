@@ -298,7 +298,7 @@ class StreamingPipelineJob(SparkPipelineJob):
     self._controls.start()
     self._keyed_outs = {}
     broadcasts = len(self._broadcasts)
-    terminal = {}  # by their stages' labels (spark.naming)
+    terminal = []  # (its stage's label (spark.naming), output)
     try:
       for stage in self.plan.stages:
         self._check_cancelled()
@@ -307,16 +307,16 @@ class StreamingPipelineJob(SparkPipelineJob):
         outputs = self._translate(stage)
         if outputs is not None and not any(
             self._consumers.get(b) for b in stage.outputs.values()):
-          terminal[self._labels[stage.name]] = self._keyed_outs.get(
-              streamreads.node_of(stage), outputs)
+          terminal.append((self._labels[stage.name], self._keyed_outs.get(
+              streamreads.node_of(stage), outputs)))
       # Side inputs nothing read this wave still keep what was written.
       for buffer_id in self._side_buffer_ids:
         self._collect(buffer_id)
-      # One Spark job runs what is left of the wave: the stages whose
-      # output nothing reads; keyed ones' tasks send their reports to the
-      # driver on the way (spark.controls); a keyed output no job ran
-      # (none reads it) then runs for its reports alone.
-      self._run_for_effects(list(terminal.values()), '; '.join(terminal))
+      # One Spark job runs what is left of the wave: the stages whose output
+      # nothing reads; keyed ones' tasks send their reports to the driver on
+      # the way (spark.controls); a keyed output no job ran runs for those.
+      labels, outs = zip(*terminal) if terminal else ((), ())
+      self._run_for_effects(list(outs), '; '.join(labels))
       self._run_for_effects(self._controls.unrun(), 'Beam keyed stages: reports')
       for node, control in self._controls.take():
         self._take_control(node, control)
