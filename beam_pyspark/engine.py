@@ -7,12 +7,14 @@ handlers are chosen by environment URN: an unknown kind is an error.
 Batch (``spark.translate``) runs bounded pipelines; streaming
 (``spark.streaming``) runs those with ``--streaming``, an unbounded
 PCollection or a TestStream. Engines are imported lazily, so this module
-and its callers need no Spark.
+and its callers need no Spark; one thread at a time imports them
+(``load``).
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Callable
 from typing import Optional
 from typing import Protocol
@@ -128,11 +130,29 @@ def check_engine(pipeline: beam_runner_api_pb2.Pipeline,
   return kind
 
 
+# PySpark's modules import each other in cycles (pyspark -> pyspark.core
+# -> pyspark.serializers -> pyspark ...): two threads importing them at
+# once each see the other's half-made module, and one fails with
+# "cannot import name ... from partially initialized module" or "No module
+# named 'pyspark.rdd'" - and PySpark caches the failure (is_remote_only()
+# stays True), so every later job of the process failed the same way. A
+# job server ran its jobs' first imports in parallel (Beam's Go suite
+# submits many jobs at once) and beside its Spark warm-up.
+_IMPORTING = threading.RLock()
+
+
+def load(target: str):
+  """``'module:attribute'``'s attribute, the module imported by one
+  thread at a time (see _IMPORTING)."""
+  module_name, attribute = target.split(':')
+  with _IMPORTING:
+    module = importlib.import_module(module_name)
+  return getattr(module, attribute)
+
+
 def create_engine(kind: str, plan, job_id: str, options: RunnerOptions,
                   log: Callable[..., None]) -> Engine:
-  module_name, factory = ENGINES[kind].split(':')
-  return getattr(importlib.import_module(module_name), factory)(
-      plan, job_id, options, log)
+  return load(ENGINES[kind])(plan, job_id, options, log)
 
 
 # 'module:function'; function(master, conf): the engines' shared start-up
@@ -148,11 +168,9 @@ def warm_up(master: str, conf: Optional[dict] = None,
   does this in the background."""
   from beam_pyspark.connect.session import remote_url
   if remote_url(remote) is not None:
-    module_name, function = CONNECT_WARM_UP.split(':')
-    getattr(importlib.import_module(module_name), function)(remote)
+    load(CONNECT_WARM_UP)(remote)
     return
-  module_name, function = WARM_UP.split(':')
-  getattr(importlib.import_module(module_name), function)(master, conf)
+  load(WARM_UP)(master, conf)
 
 
 def last_committed(kind: str, location: Location) -> Optional[int]:
@@ -162,8 +180,7 @@ def last_committed(kind: str, location: Location) -> Optional[int]:
   checkpoint."""
   if kind not in CHECKPOINTS:
     return None
-  module_name, function = CHECKPOINTS[kind].split(':')
-  return getattr(importlib.import_module(module_name), function)(location)
+  return load(CHECKPOINTS[kind])(location)
 
 
 def checkpoint_location(location: str,

@@ -680,3 +680,34 @@ def test_the_runner_names_an_unnamed_job_after_its_program():
   assert program_job_name('-c') is None
   assert program_job_name('/x/pytest/__main__.py') is None
   assert program_job_name('') is None
+
+
+def test_an_option_class_defined_after_the_first_page_is_not_shown_as_set():
+  """Beam's client sends the options of every PipelineOptions class its
+  process imported, defaults included: one defined after the page first
+  computed Beam's defaults (a later test module's in CI) read as set."""
+  import types
+  from apache_beam.options.pipeline_options import PipelineOptions
+  from apache_beam.runners.job import utils as job_utils
+  from apache_beam.runners.portability.portable_runner import JobServiceHandle
+  from beam_pyspark.web import jobdata
+
+  def sent(args):
+    return job_utils.struct_to_dict(JobServiceHandle.encode_pipeline_options(
+        PipelineOptions(args).get_all_options(retain_unknown_options=True)))
+
+  job = types.SimpleNamespace(options=sent(['--job_name=first']))
+  assert jobdata.set_options(job) == {'job_name': 'first'}
+
+  class LateOptions(PipelineOptions):  # pylint: disable=unused-variable
+    @classmethod
+    def _add_argparse_args(cls, parser):
+      parser.add_argument('--late_option_with_a_default', default='dflt')
+      parser.add_argument('--late_number', type=int, default=3)
+
+  job = types.SimpleNamespace(options=sent(['--job_name=second']))
+  assert 'beam:option:late_option_with_a_default:v1' in job.options
+  assert jobdata.set_options(job) == {'job_name': 'second'}
+  job = types.SimpleNamespace(options=sent(
+      ['--job_name=third', '--late_number=4']))
+  assert jobdata.set_options(job) == {'job_name': 'third', 'late_number': '4'}

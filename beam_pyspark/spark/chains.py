@@ -11,7 +11,7 @@ the elements cross the JVM once, pickled in batches, as at any shuffle.
 
 from __future__ import annotations
 
-from pyspark.rdd import RDD, PipelinedRDD
+from pyspark.core.rdd import RDD, PipelinedRDD
 
 # Functions composed before a cut: each stage adds about three (its tag,
 # its run, its untag), and one level costs the pickler a few frames of

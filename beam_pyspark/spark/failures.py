@@ -24,7 +24,7 @@ def group_budget(sc, group_memory_mb: Optional[int] = None) -> int:
   """
   if group_memory_mb is not None:
     return max(1, int(group_memory_mb)) << 20
-  from pyspark.rdd import _parse_memory  # MiB
+  from pyspark.core.rdd import _parse_memory  # MiB
   # The context's own conf (one py4j call), not getConf()'s copy (a call a
   # setting: ~90 at every job's start).
   conf = sc._conf.get('spark.python.worker.memory', '512m')  # pylint: disable=protected-access

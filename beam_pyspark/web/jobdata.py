@@ -184,22 +184,39 @@ def options(job) -> dict:
           for k, v in sorted(job.options.items())}
 
 
-_defaults: Optional[dict] = None
+# (the option classes it was computed from, Beam's default of each option)
+_defaults: Optional[tuple] = None
 # What Beam's clients add to every portable pipeline's experiments.
 _ADDED_EXPERIMENTS = ('beam_fn_api',)
 
 
+def _option_classes(cls) -> frozenset:
+  found = set()
+  todo = [cls]
+  while todo:
+    for sub in todo.pop().__subclasses__():
+      if sub not in found:
+        found.add(sub)
+        todo.append(sub)
+  return frozenset(found)
+
+
 def beam_defaults() -> dict:
   """Beam's default value of each pipeline option Python knows (this
-  runner's among them), computed once: Beam's clients send every option,
-  defaults included (80 of them for a plain pipeline)."""
+  runner's among them): Beam's clients send every option, defaults
+  included (80 of them for a plain pipeline). Computed again when a
+  PipelineOptions class was defined since: Beam's client sends the
+  options of every class its process imported, and an option class
+  defined after the first page (a test module's, a user's in-process
+  pipeline's) made its defaults read as set (CI, stop 45)."""
   global _defaults  # pylint: disable=global-statement
-  if _defaults is None:
-    from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=import-outside-toplevel
-    import beam_pyspark.options  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    _defaults = dict(PipelineOptions([]).get_all_options(
-        retain_unknown_options=True))
-  return _defaults
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=import-outside-toplevel
+  import beam_pyspark.options  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  classes = _option_classes(PipelineOptions)
+  if _defaults is None or _defaults[0] != classes:
+    _defaults = (classes, dict(PipelineOptions([]).get_all_options(
+        retain_unknown_options=True)))
+  return _defaults[1]
 
 
 def set_options(job) -> dict:
