@@ -1,5 +1,5 @@
 """A machine whose cores are all busy, for the streaming-under-load tests
-(test_streaming_load.py, test_checkpoint_hdfs.py, test_xlang_kafka.py).
+(test_checkpoint_hdfs.py, test_xlang_kafka.py).
 
 Spark gives the Python process it starts for a streaming query's source a
 fixed 10 s to connect back (``beam_pyspark.spark.querystarts``): at load

@@ -1,6 +1,6 @@
 """What a streaming query's failure says (spark.querystarts), and the
 pauses between its starts. PySpark's CapturedException chain is faked
-here: a real one needs Spark's 10 s to pass (tests/test_streaming_load.py
+here: a real one needs Spark's 10 s to pass (tests/test_checkpoint_hdfs.py
 runs the real query on a busy machine)."""
 from beam_pyspark.spark import querystarts
 
