@@ -178,6 +178,32 @@ def test_windowed_pipeline_keeps_the_fast_path():
   assert sliding.compare()[3] is None
 
 
+@pytest.mark.parametrize('combine', [
+    sum, beam.combiners.CountCombineFn(), beam.combiners.MeanCombineFn(),
+    beam.combiners.TopCombineFn(2), max], ids=['sum', 'count', 'mean', 'top',
+                                               'callable'])
+@pytest.mark.parametrize('offset', [0, 300])
+def test_fixed_windows_straight_into_a_precombine_equal_the_harness(
+    combine, offset):
+  """Map -> WindowInto(FixedWindows) -> CombinePerKey, a streaming count's
+  shape: the table keyed by the window's start (no window per element),
+  its output in Beam's IntervalWindows, byte for byte the harness's; over
+  bundles (small ones) and negative timestamps."""
+  inputs = [WindowedValue(i, Timestamp(micros=(i - 150) * 7919),
+                          [window.GlobalWindow()]) for i in range(600)]
+  stage = Planned(lambda p: (
+      numbers()(p) | beam.Reshuffle()
+      | 'Key' >> beam.Map(lambda x: (x % 4, x))
+      | beam.WindowInto(window.FixedWindows(1, offset / 1000))
+      | beam.CombinePerKey(combine)), label='WindowInto', inputs=inputs,
+                  bundle_bytes=2000)
+  records, counts, _, error = stage.compare()
+  assert error is None and len(records) > 4 * 3
+  (table, ) = [s for ss in stage.last.tree.sinks.values() for s in ss
+               if s.kind == 'table']
+  assert table.starts == (1_000_000, offset * 1000)
+
+
 def test_windowed_input_elements():
   inputs = [WindowedValue(i, Timestamp(micros=i * 1000),
                           [window.IntervalWindow(i // 50 * 50, i // 50 * 50 + 50)])

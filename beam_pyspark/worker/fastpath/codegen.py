@@ -32,6 +32,8 @@ import itertools
 from typing import Callable
 from typing import Optional
 
+from apache_beam.transforms.window import FixedWindows
+
 from beam_pyspark.worker.fastpath import chain as chains
 from beam_pyspark.worker.fastpath import outputs
 from beam_pyspark.worker.fastpath import sinks
@@ -191,6 +193,21 @@ class _Writer:
       self.emit(out, x, my, indent)
       return
     if call.kind == chains.ASSIGN:
+      table = self.starts_table(call)
+      if table is not None:
+        # Fixed windows straight into a precombine: the window's start in
+        # integer microseconds keys the table (sinks.Table.starts), no
+        # WindowedValue or window object made per element.
+        t, st = self.var('t'), self.var('st')
+        self.line(indent, f'if len({m}.windows) != 1:')
+        self.line(indent, '  raise SpecialOutput('
+                  "'an element in several windows')")
+        self.line(indent, f'{t} = {m}.timestamp_micros')
+        self.line(indent, f'{st} = {t} - ({t} - {table.starts[1]}) % '
+                  f'{table.starts[0]}')
+        self.count(out, indent, like=call.step.input_pcoll)
+        self.sink(table, x, st, indent)
+        return
       self.line(indent, f'{my} = assign{i}({x}, {m})')
       self.count(out, indent, like=call.step.input_pcoll)
       self.emit(out, x, my, indent)
@@ -237,6 +254,24 @@ class _Writer:
       self.output(i, y, m, my, inner)
     if tree.metered:
       self.line(inner, f'w.step = s{i}')
+
+  def starts_table(self, call):
+    """The windowed precombine table a FixedWindows ASSIGN alone feeds
+    (its ``starts`` set: keyed by window start), else None."""
+    window_fn = call.windowing.windowfn if call.windowing is not None else None
+    if type(window_fn) is not FixedWindows:  # pylint: disable=unidiomatic-typecheck
+      return None
+    after = self.tree.consumers(call.step.output_pcoll)
+    if len(after) != 1 or after[0][0] != 'call':
+      return None
+    combine = self.tree.calls[after[0][1]]
+    if combine.kind != chains.COMBINE:
+      return None
+    (table, ) = self.tree.sinks.get(combine.step.transform_id, [])
+    if table.kind != sinks.TABLE or not table.windowed:
+      return None
+    table.key_by_start(window_fn)
+    return table
 
   def output(self, i: int, y: str, m: str, my: str, indent: str,
              like: Optional[str] = None) -> None:

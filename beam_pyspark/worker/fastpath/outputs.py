@@ -101,8 +101,7 @@ def _assign_fixed(window_fn: FixedWindows) -> Callable:
     t = m.timestamp_micros
     start = t - (t - offset) % size
     if start != last[0]:
-      last[1] = (_HashedWindow(Timestamp(micros=start),
-                               Timestamp(micros=start + size)), )
+      last[1] = (fixed_window(start, size), )
       last[0] = start
     if m.pane_info is PANE_INFO_UNKNOWN:  # as Beam's: a new WindowedValue
       out = m.with_value(x)
@@ -111,6 +110,11 @@ def _assign_fixed(window_fn: FixedWindows) -> Callable:
     return chains.WindowedValue(x, m.timestamp, last[1])
 
   return assign
+
+
+def fixed_window(start: int, size: int) -> IntervalWindow:
+  """The fixed window of ``size`` starting at ``start`` (microseconds)."""
+  return _HashedWindow(Timestamp(micros=start), Timestamp(micros=start + size))
 
 
 class _HashedWindow(IntervalWindow):

@@ -34,6 +34,7 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_pyspark.worker.fastpath import chain as chains
+from beam_pyspark.worker.fastpath import outputs
 
 _GLOBAL = GlobalWindows.windowed_value(None)
 RECORDS, ENCODED, TABLE, DISCARD = 'records', 'encoded', 'table', 'discard'
@@ -218,6 +219,11 @@ class Table(Sink):
     self.transform_id = call.step.transform_id
     self.combine_kind = call.combine_kind
     self.windowed = not call.windowing.is_default()
+    # (size, offset) in microseconds when a FixedWindows assignment alone
+    # feeds the table (codegen): keyed by (the window's start, key), an
+    # int hashed in C, the window made when its accumulator leaves.
+    self.starts: Optional[tuple[int, int]] = None
+    self._windows: dict = {}
     self.table: dict = {}
     self.accumulators = 0
     self._compact = compact_of(combine)
@@ -237,9 +243,14 @@ class Table(Sink):
   def hold(self, x: str, m: str) -> str:
     return f'({x}, {m})' if self.windowed else x
 
+  def key_by_start(self, window_fn) -> None:
+    self.starts = (window_fn.size.micros, window_fn.offset.micros)
+
   def put_held(self, h: str) -> list[str]:
     s = self.index
     add = _lines(_ADD[self.combine_kind], s=s)
+    if self.starts is not None:
+      return [f'hv, st = {h}', 'k, val = hv', 'wk = (st, k)'] + add
     if not self.windowed:
       return _lines(_UNPACK, x=h) + ['wk = k'] + add
     return [f'hv, mx = {h}', 'k, val = hv', 'for win in mx.windows:',
@@ -253,7 +264,17 @@ class Table(Sink):
 
   def _output(self, wkey, acc) -> None:
     value = acc if self._compact is None else self._compact(acc)
-    if self.windowed:
+    if self.starts is not None:
+      start, key = wkey
+      window = self._windows.get(start)
+      if window is None:
+        if len(self._windows) >= 1024:
+          self._windows.clear()
+        window = self._windows[start] = outputs.fixed_window(
+            start, self.starts[0])
+      self._put(WindowedValue((key, value), window.max_timestamp(),
+                              (window, )))
+    elif self.windowed:
       window, key = wkey
       self._put(WindowedValue((key, value), window.max_timestamp(),
                               (window, )))
