@@ -12,10 +12,19 @@ finds those calls in the test modules.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import html
+import os
 import pathlib
 import re
+import subprocess
+import sys
+import time
+
+import psutil
+
+from beam_pyspark.local.processes import free_port  # noqa: F401 (re-exported)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -57,8 +66,11 @@ def page_blocks(path: pathlib.Path) -> list[Block]:
   """The page's code blocks, in order: what Python-Markdown renders as
   <pre><code> (so text indented in a way it does not read as code, e.g.
   six spaces under a list item, is not a block: it is shown as prose)."""
-  name = path.relative_to(ROOT).as_posix()
-  source = path.read_text(encoding='utf-8')
+  return blocks_of_text(path.relative_to(ROOT).as_posix(),
+                        path.read_text(encoding='utf-8'))
+
+
+def blocks_of_text(name: str, source: str) -> list[Block]:
   rendered = _markdown().convert(source)
   lines = source.split('\n')
   found, at = [], 0
@@ -94,20 +106,109 @@ def block(page: str, first_line: str) -> str:
   return found[0].text
 
 
-def commands(text: str) -> list[str]:
-  """A shell block's commands: each line joined with its backslash
-  continuations, comments (a whole line, or after ' #') dropped."""
-  out, pending = [], ''
-  for raw in text.split('\n'):
-    line = raw.strip()
-    if not pending and (not line or line.startswith('#')):
-      continue
-    line = re.sub(r'\s+#\s.*$', '', line)
-    if line.endswith('\\'):
-      pending += line[:-1].rstrip() + ' '
-      continue
-    out.append(pending + line)
-    pending = ''
-  if pending:
-    out.append(pending.rstrip())
-  return out
+# -- running a block -------------------------------------------------------
+# Tests replace only what names the reader's machine (MASTER, JOBSERVER,
+# fixed ports that tests running in parallel could hold, /data and /var/lib
+# paths), through ``localize``, which fails if a placeholder is gone from
+# the block, and run the result with bash, the venv's bin/ first on PATH as
+# an activated venv has it.
+
+SAMPLE = str(ROOT / 'examples' / 'data' / 'sample.txt')
+_LISTENING = re.compile(r'(Job|Artifact|Expansion) service listening on (.*)$')
+
+
+def localize(text: str, replacements: dict[str, str]) -> str:
+  """The block with the reader's names replaced by this machine's: each
+  must be in the block (a page that changed them changes the test too)."""
+  for old, new in replacements.items():
+    assert old in text, (
+        f'{old!r} is no longer in the block:\n{text}\nthe test replaces it '
+        f'with {new!r}; update the replacements with the page')
+    text = text.replace(old, new)
+  return text
+
+
+def shell_env(extra: dict | None = None) -> dict:
+  """An activated venv's environment: its bin/ first (beam-pyspark,
+  python)."""
+  env = dict(os.environ)
+  env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env['PATH']
+  env.update(extra or {})
+  return env
+
+
+def run_shell(script: str, log_path, timeout: float = 420, env=None,
+              cwd=ROOT) -> str:
+  with open(log_path, 'wb') as log:
+    proc = subprocess.run(
+        ['bash', '-euo', 'pipefail', '-c', script], cwd=cwd, stdout=log,
+        stderr=subprocess.STDOUT, timeout=timeout, check=False,
+        env=env or shell_env())
+  text = open(log_path, encoding='utf-8', errors='replace').read()
+  assert proc.returncode == 0, f'{script}\nexited {proc.returncode}:\n' + (
+      text[-8000:])
+  return text
+
+
+def counts(prefix: str) -> list[str]:
+  lines = []
+  for shard in sorted(glob.glob(prefix + '*')):
+    with open(shard, encoding='utf-8') as f:
+      lines.extend(f.read().splitlines())
+  assert lines, f'no output at {prefix}*'
+  return sorted(lines)
+
+
+def direct_wordcount(out: str) -> list[str]:
+  """Beam's wordcount of examples/data/sample.txt on the DirectRunner."""
+  from apache_beam.examples import wordcount
+  wordcount.run([f'--input={SAMPLE}', f'--output={out}',
+                 '--runner=DirectRunner'], save_main_session=False)
+  return counts(out)
+
+
+class ShellServer:
+  """A job server started by a doc's shell command; its endpoints read
+  from its stdout as the CLI prints them."""
+  def __init__(self, script: str, log_path: str, env=None, timeout=180):
+    self.log_path = log_path
+    self._log = open(log_path, 'ab')
+    self.proc = subprocess.Popen(
+        ['bash', '-c', script], stdout=subprocess.PIPE, stderr=self._log,
+        text=True, env=env or shell_env(), start_new_session=True, cwd=ROOT)
+    self.endpoints: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+      while len(self.endpoints) < 3 and time.monotonic() < deadline:
+        line = self.proc.stdout.readline()
+        if not line:
+          raise RuntimeError(f'job server exited ({self.proc.wait()}) before '
+                             f'listening:\n{self.log()}')
+        m = _LISTENING.match(line.strip())
+        if m:
+          self.endpoints[m.group(1).lower()] = m.group(2)
+      assert len(self.endpoints) == 3, self.log()
+    except BaseException:
+      self.stop()
+      raise
+
+  def log(self) -> str:
+    with open(self.log_path, encoding='utf-8', errors='replace') as f:
+      return f.read()[-6000:]
+
+  def stop(self) -> None:
+    try:
+      family = [psutil.Process(self.proc.pid)]
+      family += family[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+      family = []
+    for p in family:  # SIGTERM, as a deployment stops it
+      try:
+        p.terminate()
+      except psutil.NoSuchProcess:
+        pass
+    _, alive = psutil.wait_procs(family, timeout=60)
+    for p in alive:
+      p.kill()
+    self.proc.wait(30)
+    self._log.close()
