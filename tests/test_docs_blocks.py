@@ -55,6 +55,9 @@ RUN = {
     ('docs/sdks/typescript.md', "beam-pyspark job-server --job-port 8099 "
      "--spark-master-url 'local[2]'"):
         RUN_LOCAL + 'test_the_sdk_pages_job_server_line_starts',
+    ('docs/sdks/typescript.md', 'const beam = require("apache-beam");'):
+        RUN_LOCAL + 'test_the_typescript_pages_program_runs_on_the_readmes_'
+        'server',
     # Running on a cluster, standalone.
     ('docs/guide/clusters.md', "SPARK_HOME=$(python -c 'from pyspark."
      "find_spark_home import _find_spark_home as f; print(f())')"):
@@ -227,10 +230,6 @@ NOT_HERE = {
          '58e3d2be3b', 'a template (<the pipeline\'s classpath>); '
          'docs/sdks/java.md\'s recipe with a real one runs in '
          'tests/test_sdk_examples.py'),
-    ('docs/sdks/typescript.md', 'const beam = require("apache-beam");'): (
-        '4bf561c058', 'not run yet: a TypeScript program with top-level '
-        'await; tests/test_sdk_typescript.py runs the SDK\'s own pipelines '
-        'the same way (PortableRunner, LOOPBACK)'),
     ('docs/sdks/typescript.md', 'make sdk-typescript            '
      '# npm ci in sdks/typescript'): (
          'd35bea46cc', 'not run as written yet: '

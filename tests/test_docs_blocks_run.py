@@ -10,8 +10,12 @@ runs which block: tests/test_docs_blocks.py.
 
 from __future__ import annotations
 
+import grpc
 import pytest
+from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.portability.api import beam_job_api_pb2_grpc
 
+from docs_blocks import ROOT
 from docs_blocks import ShellServer
 from docs_blocks import block
 from docs_blocks import counts
@@ -19,6 +23,7 @@ from docs_blocks import direct_wordcount
 from docs_blocks import free_port
 from docs_blocks import localize
 from docs_blocks import run_shell
+from docs_blocks import shell_env
 
 
 @pytest.fixture(scope='module')
@@ -80,6 +85,30 @@ def test_the_readmes_job_server_runs_its_wordcount(
       '/tmp/counts': str(tmp_path / 'counts')})
   run_shell(script, tmp_path / 'log')
   assert counts(str(tmp_path / 'counts')) == direct_counts
+
+
+def _done_jobs(endpoint: str) -> int:
+  with grpc.insecure_channel(endpoint) as channel:
+    jobs = beam_job_api_pb2_grpc.JobServiceStub(channel).GetJobs(
+        beam_job_api_pb2.GetJobsRequest(), timeout=30).job_info
+  return sum(j.state == beam_job_api_pb2.JobState.DONE for j in jobs)
+
+
+def test_the_typescript_pages_program_runs_on_the_readmes_server(
+    readme_server, tmp_path):
+  """docs/sdks/typescript.md's first program (node, the SDK of
+  sdks/typescript's lock file, LOOPBACK): it exits 0, its job DONE."""
+  node_modules = ROOT / 'sdks' / 'typescript' / 'node_modules'
+  assert (node_modules / 'apache-beam').is_dir(), (
+      'make sdk-typescript installs the TypeScript SDK this test runs')
+  program = localize(block('docs/sdks/typescript.md',
+                           'const beam = require("apache-beam");'),
+                     {'localhost:8099': readme_server.endpoints['job']})
+  (tmp_path / 'pipeline.js').write_text(program, encoding='utf-8')
+  before = _done_jobs(readme_server.endpoints['job'])
+  run_shell('node pipeline.js', tmp_path / 'log', timeout=300, cwd=tmp_path,
+            env=shell_env({'NODE_PATH': str(node_modules)}))
+  assert _done_jobs(readme_server.endpoints['job']) == before + 1
 
 
 def test_the_sdk_pages_job_server_line_starts(tmp_path):
