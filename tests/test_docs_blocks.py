@@ -58,6 +58,8 @@ RUN = {
     ('docs/sdks/typescript.md', 'const beam = require("apache-beam");'):
         RUN_LOCAL + 'test_the_typescript_pages_program_runs_on_the_readmes_'
         'server',
+    ('docs/local-services.md', '$ beam-pyspark local s3'):
+        RUN_LOCAL + 'test_the_local_s3_transcript_is_what_it_prints',
     # Running on a cluster, standalone.
     ('docs/guide/clusters.md', "SPARK_HOME=$(python -c 'from pyspark."
      "find_spark_home import _find_spark_home as f; print(f())')"):
@@ -199,8 +201,6 @@ NOT_HERE = {
         ('84334084e4', _SERVICE),
     ('docs/local-services.md', '$ beam-pyspark local hdfs'):
         ('6a5d51e057', _SERVICE + ' (tests/test_checkpoint_hdfs.py)'),
-    ('docs/local-services.md', '$ beam-pyspark local s3'):
-        ('e1934e6be5', _SERVICE),
     ('docs/local-services.md',
      'java -cp "$(cat sdks/xlang/broker/target/classpath.txt)" \\'): (
          'cff0c474a8', 'Kafka\'s console consumer, reading until Ctrl-C, '

@@ -24,6 +24,7 @@ from docs_blocks import free_port
 from docs_blocks import localize
 from docs_blocks import run_shell
 from docs_blocks import shell_env
+from local_command import LocalCommand
 
 
 @pytest.fixture(scope='module')
@@ -130,3 +131,20 @@ def test_the_sdk_pages_job_server_line_starts(tmp_path):
   assert server.proc.returncode == 0, server.log()
 
 
+
+
+def test_the_local_s3_transcript_is_what_it_prints():
+  """docs/local-services.md's `$ beam-pyspark local s3` and the line it
+  shows: the command (on a free port, not 9000) prints that line, and
+  stops on Ctrl-C. (The Kafka, HDFS and expansion services' transcripts
+  start JVMs: declared in tests/test_docs_blocks.py.)"""
+  command, shown = block('docs/local-services.md',
+                         '$ beam-pyspark local s3').strip('\n').split('\n')
+  args = command.split()[3:]
+  port = str(free_port())
+  running = LocalCommand(*args, '--port', port)
+  try:
+    assert running.line.strip() == localize(shown, {'9000': port}), (
+        running.line)
+  finally:
+    running.interrupt()
