@@ -371,6 +371,16 @@ def _page_args(call: ast.Call, scope: ast.AST) -> list[str]:
   return []
 
 
+def _literal(arg: ast.expr, scope: ast.AST):
+  """A literal, or a name assigned one literal in its function."""
+  if isinstance(arg, ast.Name):
+    values = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
+              and [getattr(t, 'id', None) for t in n.targets] == [arg.id]]
+    if len(values) == 1:
+      arg = values[0]
+  return ast.literal_eval(arg)
+
+
 def _block_reads(module: pathlib.Path) -> dict[str, set]:
   """(page, first_line) pairs each top-level function of the module reads
   with docs_blocks.block(), by function name."""
@@ -383,7 +393,7 @@ def _block_reads(module: pathlib.Path) -> dict[str, set]:
       if isinstance(node, ast.Call) and (
           getattr(node.func, 'id', None) == 'block' or
           getattr(node.func, 'attr', None) == 'block') and len(node.args) == 2:
-        first = ast.literal_eval(node.args[1])
+        first = _literal(node.args[1], fn)
         for page in _page_args(node, fn):
           found.setdefault(fn.name, set()).add((page, first))
   return found

@@ -51,7 +51,8 @@ def test_the_dataframe_example_runs_as_written(tmp_path):
       for i in range(100):
         f.write(f'r{i % 3},{i + part}\n')
   program = localize(text, {"'/data/": f"'{data}/"})
-  exec(compile(program, 'README.md', 'exec'), {'__name__': 'readme'})  # pylint: disable=exec-used
+  code = compile(program, 'README.md', 'exec')
+  exec(code, {'__name__': 'readme'})  # pylint: disable=exec-used
   lines = counts(str(data / 'totals'))
   expected = {f'r{r}': sum(i + part for part in range(2) for i in range(100)
                            if i % 3 == r) for r in range(3)}
@@ -115,10 +116,9 @@ def test_the_typescript_pages_program_runs_on_the_readmes_server(
 def test_the_sdk_pages_job_server_line_starts(tmp_path):
   """The Go and TypeScript pages' one-line job server start (the Go test
   runs its own server in its place): it listens, then stops on SIGTERM."""
-  (text,) = {block('docs/sdks/typescript.md',
-                   "beam-pyspark job-server --job-port 8099 --spark-master-url 'local[2]'"),
-             block('docs/sdks/go.md', "beam-pyspark job-server --job-port 8099 "
-                   "--spark-master-url 'local[2]'").split('\n')[0] + '\n'}
+  line = "beam-pyspark job-server --job-port 8099 --spark-master-url 'local[2]'"
+  (text,) = {block('docs/sdks/typescript.md', line),
+             block('docs/sdks/go.md', line).split('\n')[0] + '\n'}
   # The two other ports are the CLI's defaults: free ones instead.
   script = localize(text, {'8099': str(free_port())}).strip() + (
       f' --artifact-port {free_port()} --expansion-port {free_port()}'
