@@ -60,6 +60,9 @@ RUN = {
         'server',
     ('docs/local-services.md', '$ beam-pyspark local s3'):
         RUN_LOCAL + 'test_the_local_s3_transcript_is_what_it_prints',
+    ('docs/guide/running.md', 'beam-pyspark job-server                 '
+     '# Job API on localhost:8099,'):
+        RUN_LOCAL + 'test_the_running_pages_client_on_the_readmes_server',
     # Running on a cluster, standalone.
     ('docs/guide/clusters.md', "SPARK_HOME=$(python -c 'from pyspark."
      "find_spark_home import _find_spark_home as f; print(f())')"):
@@ -146,12 +149,6 @@ NOT_HERE = {
     ('docs/guide/running.md',
      'python my_pipeline.py --runner=beam_pyspark.PySparkRunner'):
         ('4e66529b03', _PLACEHOLDER_PROGRAM),
-    ('docs/guide/running.md', 'beam-pyspark job-server                 '
-     '# Job API on localhost:8099,'): (
-         'b1229dd8cf', 'the default ports\' form of the README\'s job '
-         'server and client blocks, which tests/test_docs_blocks_run.py '
-         'runs (on free ports: a test running in parallel may hold the '
-         'defaults); ' + _PLACEHOLDER_PROGRAM),
     # Benchmarks (docs/benchmarks.md).
     ('docs/benchmarks.md', 'make bench      # 5 workloads x 4 ways x 3 runs '
      'over 10 MiB each: a few minutes'): ('7f913be467', _BENCH),

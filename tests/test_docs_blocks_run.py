@@ -10,12 +10,15 @@ runs which block: tests/test_docs_blocks.py.
 
 from __future__ import annotations
 
+import re
+
 import grpc
 import pytest
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 from docs_blocks import ROOT
+from docs_blocks import SAMPLE
 from docs_blocks import ShellServer
 from docs_blocks import block
 from docs_blocks import counts
@@ -86,6 +89,40 @@ def test_the_readmes_job_server_runs_its_wordcount(
       'localhost:8099': readme_server.endpoints['job'],
       '/tmp/counts': str(tmp_path / 'counts')})
   run_shell(script, tmp_path / 'log')
+  assert counts(str(tmp_path / 'counts')) == direct_counts
+
+
+def _job_server_defaults() -> dict:
+  import argparse
+  from beam_pyspark import cli
+  parser = argparse.ArgumentParser()
+  cli._job_server_parser(parser.add_subparsers(dest='command'))  # pylint: disable=protected-access
+  return vars(parser.parse_args(['job-server']))
+
+
+def test_the_running_pages_client_on_the_readmes_server(
+    readme_server, direct_counts, tmp_path):
+  """docs/guide/running.md's job server block: its server line is the
+  README's with every flag left at its default (checked against the CLI's
+  own parser), so the README's server runs it; its client line, with
+  my_pipeline.py Beam's wordcount, runs against that server."""
+  text = block('docs/guide/running.md', 'beam-pyspark job-server'
+               '                 # Job API on localhost:8099,')
+  server_line, client = re.split(r'\n(?=python )', text.strip('\n'))
+  assert server_line.split('#')[0].strip() == 'beam-pyspark job-server'
+  readme = block('README.md', 'beam-pyspark job-server --job-host localhost '
+                 '--job-port 8099 \\')
+  words = readme.replace('\\\n', ' ').split()
+  flags = dict(zip(words[2::2], words[3::2]))
+  defaults = _job_server_defaults()
+  for flag, value in flags.items():
+    if flag != '--artifacts-dir':  # the CLI's None: this path (the guide)
+      assert str(defaults[flag[2:].replace('-', '_')]) == value, flag
+  from apache_beam.examples import wordcount
+  run_shell(localize(client, {
+      'my_pipeline.py': f'{wordcount.__file__} --input {SAMPLE} '
+                        f'--output {tmp_path / "counts"}',
+      'localhost:8099': readme_server.endpoints['job']}), tmp_path / 'log')
   assert counts(str(tmp_path / 'counts')) == direct_counts
 
 
