@@ -55,8 +55,8 @@ Listener = Callable[[Event], None]
 
 def check_outputs(pipeline: beam_runner_api_pb2.Pipeline,
                   options: RunnerOptions) -> None:
-  """Refuses file outputs named by a relative path where the tasks do not
-  run in this process's directory (planning.relpaths)."""
+  """Refuses file outputs and inputs named by a relative path where the
+  tasks do not run in this process's directory (planning.relpaths)."""
   if over_connect(options):
     where = ("over Spark Connect the tasks run in the server's session "
              'directory')
@@ -66,8 +66,9 @@ def check_outputs(pipeline: beam_runner_api_pb2.Pipeline,
   else:
     return
   outputs = relpaths.relative_outputs(pipeline)
-  if outputs:
-    raise UnsupportedPipelineError(relpaths.refusal(outputs, where))
+  inputs = relpaths.relative_inputs(pipeline)
+  if outputs or inputs:
+    raise UnsupportedPipelineError(relpaths.refusal(outputs, where, inputs))
 
 class PipelineExecution:
   """Runs one job; reports its states and messages to ``listener``.

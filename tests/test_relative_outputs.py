@@ -60,3 +60,27 @@ def test_the_runner_refuses_before_reaching_the_server(tmp_path):
   with pytest.raises(UnsupportedPipelineError,
                      match='Give an absolute path'):
     p.run()
+
+
+def _reads(*patterns):
+  p = beam.Pipeline()
+  for i, pattern in enumerate(patterns):
+    _ = p | f'read{i}' >> beam.io.ReadFromText(pattern, validate=False)
+  return p.to_runner_api()
+
+
+def test_a_relative_input_is_refused_as_an_output_is(monkeypatch):
+  """Beam checks ReadFromText's pattern in the client's directory; the
+  tasks then read in theirs (over Connect: FileNotFoundError mid-job)."""
+  for name in ('SPARK_REMOTE', 'SPARK_CONNECT_MODE_ENABLED'):
+    monkeypatch.delenv(name, raising=False)
+  proto = _reads('data/in*.txt', '/abs/in.txt', 'gs://b/in.txt',
+                 'data/in*.txt')
+  assert relpaths.relative_inputs(proto) == [('read0', 'data/in*.txt')]
+  assert relpaths.relative_outputs(proto) == []
+  check_outputs(proto, RunnerOptions(master='local[2]'))
+  with pytest.raises(UnsupportedPipelineError,
+                     match=r"read0 reads 'data/in\*.txt', a relative path: "
+                     "over Spark Connect the tasks run in the server's"):
+    check_outputs(proto, RunnerOptions(remote='sc://h:15002'))
+  check_outputs(_reads('/abs/x'), RunnerOptions(master='spark://h:7077'))

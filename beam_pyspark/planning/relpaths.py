@@ -1,4 +1,4 @@
-"""File outputs a pipeline names by a relative path.
+"""File inputs and outputs a pipeline names by a relative path.
 
 A task resolves a relative path against its own working directory. Over
 Spark Connect that is the server's session directory (and on a cluster an
@@ -6,6 +6,9 @@ executor's work directory), not the directory of the program that named
 it: ``--output out/counts`` was written into
 ``/tmp/spark-*/userFiles-*/out/counts``, the job ended DONE and the
 program's ``out/`` stayed empty. Such a pipeline is refused before it runs.
+An input likewise: Beam's ``ReadFromText('data/in.txt')`` checks the
+pattern in the client's directory, then the server read its own
+(``FileNotFoundError`` mid-job).
 
 Beam's Python file sinks keep the path as given (Java's resolve it to an
 absolute one when the pipeline is built), inside pickled DoFns: the
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 
 from apache_beam.io.filebasedsink import FileBasedSink
+from apache_beam.io.filebasedsource import FileBasedSource
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.portability import common_urns
 from apache_beam.portability import python_urns
@@ -28,6 +32,8 @@ _PAR_DO = common_urns.primitives.PAR_DO.urn
 # fileio.WriteToFiles' last DoFn, moving its files into the directory the
 # user named (the others write under a temporary directory inside it).
 _FILEIO_FINAL = '_MoveTempFilesIntoFinalDestinationFn'
+# A Python bounded read's first DoFn, emitting its source (iobase.Read).
+_EMIT_SOURCE = '/Read/EmitSource'
 # Where in a write's transform names the user's transform ends.
 _INNER = ('/Write/WriteImpl/', '/ParDo(_')
 
@@ -55,16 +61,67 @@ def relative_outputs(pipeline: beam_runner_api_pb2.Pipeline
   return [(name, path) for path, name in found.items()]
 
 
-def refusal(outputs: list[tuple[str, str]], where: str) -> list[str]:
-  """One reason a relative output is refused each; ``where``: where the
-  tasks run (e.g. "over Spark Connect the tasks run in the server's
-  session directory")."""
+def relative_inputs(pipeline: beam_runner_api_pb2.Pipeline
+                    ) -> list[tuple[str, str]]:
+  """(transform name, pattern) of each Python file source (ReadFromText,
+  Avro, Parquet, TFRecord: Beam's ``FileBasedSource``) named by a
+  relative local path, a pattern at most once. Its ``Read`` transform is
+  in the closure of the function of the read's EmitSource DoFn."""
+  from apache_beam.internal import pickler
+  found: dict[str, str] = {}
+  for transform in pipeline.components.transforms.values():
+    if (transform.spec.urn != _PAR_DO or
+        not transform.unique_name.endswith(_EMIT_SOURCE)):
+      continue
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(
+        transform.spec.payload)
+    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:
+      continue
+    try:
+      fn = pickler.loads(payload.do_fn.payload)[0]
+    except Exception:  # pylint: disable=broad-except
+      continue
+    for source in _closed_over(getattr(fn, '_fn', None), FileBasedSource):
+      pattern = _get(getattr(source, '_pattern', None))
+      if isinstance(pattern, str) and pattern and _relative(pattern):
+        found.setdefault(
+            pattern, transform.unique_name[:-len(_EMIT_SOURCE)])
+  return [(name, pattern) for pattern, name in found.items()]
+
+
+def _closed_over(fn, kind, depth: int = 3) -> list:
+  """The ``kind`` objects in ``fn``'s closure (and its functions')."""
+  found = []
+  for cell in getattr(fn, '__closure__', None) or ():
+    try:
+      value = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if isinstance(value, kind):
+      found.append(value)
+    elif isinstance(getattr(value, 'source', None), kind):  # iobase.Read
+      found.append(value.source)
+    elif callable(value) and depth > 1:
+      found += _closed_over(value, kind, depth - 1)
+  return found
+
+
+def refusal(outputs: list[tuple[str, str]], where: str,
+            inputs: tuple = ()) -> list[str]:
+  """One reason a relative output or input is refused each; ``where``:
+  where the tasks run (e.g. "over Spark Connect the tasks run in the
+  server's session directory")."""
   return [
       f'{name} writes to {path!r}, a relative path: {where}, not in the '
       "directory of the program that named it, so the files would land "
       'there, out of sight. Give an absolute path (where the tasks share '
       "the program's file system) or a URL they can write (s3://, gs://, "
-      'hdfs://).' for name, path in outputs]
+      'hdfs://).' for name, path in outputs] + [
+          f'{name} reads {path!r}, a relative path: {where}, not in the '
+          'directory of the program that named it, so they would read '
+          'other files or none. Give an absolute path (where the tasks '
+          "share the program's file system) or a URL they can read "
+          '(s3://, gs://, hdfs://).' for name, path in inputs]
 
 
 def _paths(fn, args) -> list[str]:
