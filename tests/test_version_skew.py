@@ -11,6 +11,11 @@ which `make test` runs), against a real job server of ours:
 - ``=versioned``: a harness of the client's version (boot.python, from the
   same virtualenv, found as the executor's cache); exact output.
 
+An older Beam Java client (sdks/java-old, `make sdk-java-old`): Beam
+2.54.0's own Java WordCount through its own PortableRunner, in its default
+environment (Docker, which the job server maps to the PROCESS boot of the
+client's staged harness); exact output, its own DirectRunner's.
+
 The versions' functions (planning.versions, planning.environments) have
 unit tests below too.
 """
@@ -18,6 +23,7 @@ unit tests below too.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -36,6 +42,7 @@ from beam_pyspark.boot import python as python_boot
 from beam_pyspark.planning import versions
 from beam_pyspark.planning.environments import EnvironmentOverride
 from beam_pyspark.planning.environments import apply_overrides
+import java_sdk
 from jobserver_process import JobServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -285,3 +292,41 @@ def test_an_older_clients_default_environment_runs_versioned(
                    '--environment_override=apache/beam_python*_sdk*=versioned')
   assert done.returncode == 0, done.stderr[-5000:] + server.log()[-5000:]
   assert counts(tmp_path) == expected_counts()
+
+
+def test_an_older_java_client_runs_in_its_default_environment(
+    server, tmp_path):
+  """Beam 2.54.0's Java WordCount with no environment option: its
+  environment is Docker, apache/beam_java17_sdk:2.54.0, which the job
+  server maps to the PROCESS boot; the boot runs FnHarness from the jars
+  the client staged, its own version's, so the pipeline runs unchanged and
+  writes what 2.54's own DirectRunner writes. (The Python client's
+  refusal does not apply: no harness of ours runs Java.)"""
+  old_cp = java_sdk.classpath(java_sdk.OLD_CLASSPATH_FILE)
+  version = java_sdk.beam_version(old_cp)
+  assert not versions.same_minor(
+      version, java_sdk.beam_version(java_sdk.classpath())), version
+
+  def wordcount_java(name, *args):
+    out = tmp_path / name
+    out.mkdir()
+    java_sdk.run_java(
+        'org.apache.beam.examples.WordCount',
+        [f'--inputFile={SAMPLE}', f'--output={out}/counts', *args],
+        str(tmp_path / f'{name}.log'), java_classpath=old_cp)
+    return counts(out)
+
+  # The reference alongside: most of either's time is a JVM's start.
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    direct = pool.submit(wordcount_java, 'direct', '--runner=DirectRunner')
+    portable = pool.submit(
+        wordcount_java, 'portable', '--runner=PortableRunner',
+        f'--jobEndpoint={server.job_endpoint}')
+    direct, portable = direct.result(), portable.result()
+  assert len(direct) > 50 and all(': ' in c for c in direct), direct[:5]
+  assert portable == direct
+  # The harness that ran is the client's own version's, booted by us.
+  with open(server.log_path, encoding='utf-8', errors='replace') as f:
+    boots = [line for line in f if 'Starting the SDK harness' in line]
+  assert boots and all(f'/beam-sdks-java-harness-{version}-' in line
+                       for line in boots), boots[:1] or server.log()[-5000:]
