@@ -211,6 +211,32 @@ def test_java_boot_refuses_a_named_harness_of_another_version(
   assert java_boot.command(staged)[0][-1] == java_boot.MAIN_CLASS
 
 
+def test_java_boot_gives_a_harness_before_2_50_its_options_in_a_variable(
+    tmp_path, monkeypatch):
+  """FnHarness reads PIPELINE_OPTIONS_FILE since Beam 2.50.0; 2.48's reads
+  only PIPELINE_OPTIONS and failed at start with 'argument "content" is
+  null' (every stage of Beam 2.48.0's WordCount in its default
+  environment)."""
+  monkeypatch.delenv(java_boot.ENV_HARNESS_CLASSPATH, raising=False)
+  monkeypatch.setenv('PIPELINE_OPTIONS', '{"stale": true}')
+  old = _boot_context(tmp_path, [
+      'beam-sdks-java-core-2.48.0-a.jar', 'beam-sdks-java-harness-2.48.0-b.jar'])
+  old.info.pipeline_options.update({'options': {'jobName': 'old'}})
+  _, env = java_boot.command(old)
+  with open(env['PIPELINE_OPTIONS_FILE'], encoding='utf-8') as f:
+    assert env['PIPELINE_OPTIONS'] == f.read()
+  assert '"jobName": "old"' in env['PIPELINE_OPTIONS']
+  new = _boot_context(tmp_path, [
+      'beam-sdks-java-core-2.50.0-a.jar', 'beam-sdks-java-harness-2.50.0-b.jar'])
+  _, env = java_boot.command(new)
+  assert 'PIPELINE_OPTIONS' not in env and 'PIPELINE_OPTIONS_FILE' in env
+  # Over Linux's limit of one variable, an old harness cannot get them.
+  old.info.pipeline_options.update({'big': 'x' * 200_000})
+  with pytest.raises(common.BootError) as info:
+    java_boot.command(old)
+  assert '2.48.0' in str(info.value) and '2.50' in str(info.value)
+
+
 def expected_counts() -> list[str]:
   """What Beam's WordCount writes for the sample: its own regex."""
   with open(SAMPLE, encoding='utf-8') as f:
