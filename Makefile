@@ -67,9 +67,9 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml sdks/java/examples/pom.xml scripts/sdk-java
 	@scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
-# An older Beam Java client (tests/test_sdk_java_old.py, issue 43): Beam
-# 2.54.0's WordCount, PortableRunner and DirectRunner, into ~/.m2 as above
-# (~65 MB, a minute the first time); Maven comes with sdk-java.
+# An older Beam Java client (tests/test_version_skew.py, issue 43): Beam
+# 2.48.0's WordCount, PortableRunner and DirectRunner, into ~/.m2 as above
+# (~55 MB, a minute the first time); Maven comes with sdk-java.
 JAVA_OLD_STAMP := sdks/java-old/target/classpath.txt
 $(JAVA_OLD_STAMP): sdks/java-old/pom.xml scripts/sdk-java-old.sh | $(JAVA_SDK_STAMP)
 	@scripts/sdk-java-old.sh

@@ -12,7 +12,7 @@ which `make test` runs), against a real job server of ours:
   same virtualenv, found as the executor's cache); exact output.
 
 An older Beam Java client (sdks/java-old, `make sdk-java-old`): Beam
-2.54.0's own Java WordCount through its own PortableRunner, in its default
+2.48.0's own Java WordCount through its own PortableRunner, in its default
 environment (Docker, which the job server maps to the PROCESS boot of the
 client's staged harness); exact output, its own DirectRunner's.
 
@@ -322,12 +322,14 @@ def test_an_older_clients_default_environment_runs_versioned(
 
 def test_an_older_java_client_runs_in_its_default_environment(
     server, tmp_path):
-  """Beam 2.54.0's Java WordCount with no environment option: its
-  environment is Docker, apache/beam_java17_sdk:2.54.0, which the job
+  """Beam 2.48.0's Java WordCount with no environment option: its
+  environment is Docker, apache/beam_java17_sdk:2.48.0, which the job
   server maps to the PROCESS boot; the boot runs FnHarness from the jars
   the client staged, its own version's, so the pipeline runs unchanged and
-  writes what 2.54's own DirectRunner writes. (The Python client's
-  refusal does not apply: no harness of ours runs Java.)"""
+  writes what 2.48's own DirectRunner writes. (The Python client's
+  refusal does not apply: no harness of ours runs Java.) Before the boot
+  gave a harness before 2.50 its options in PIPELINE_OPTIONS, every stage
+  failed: 'argument "content" is null'."""
   old_cp = java_sdk.classpath(java_sdk.OLD_CLASSPATH_FILE)
   version = java_sdk.beam_version(old_cp)
   assert not versions.same_minor(
