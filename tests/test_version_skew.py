@@ -353,8 +353,10 @@ def test_an_older_java_client_runs_in_its_default_environment(
     direct, portable = direct.result(), portable.result()
   assert len(direct) > 50 and all(': ' in c for c in direct), direct[:5]
   assert portable == direct
-  # The harness that ran is the client's own version's, booted by us.
+  # The harness that ran is the client's own version's, booted by us (the
+  # module's other harnesses are Python's).
   with open(server.log_path, encoding='utf-8', errors='replace') as f:
-    boots = [line for line in f if 'Starting the SDK harness' in line]
+    boots = [line for line in f if 'Starting the SDK harness' in line
+             and line.rstrip().endswith(java_boot.MAIN_CLASS)]
   assert boots and all(f'/beam-sdks-java-harness-{version}-' in line
                        for line in boots), boots[:1] or server.log()[-5000:]
