@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-java-old sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml scripts/setup-venv.sh
 	@scripts/setup-venv.sh $(PYTHON) $(VENV) test
@@ -67,6 +67,14 @@ $(JAVA_SDK_STAMP): sdks/java/pom.xml sdks/java/examples/pom.xml scripts/sdk-java
 	@scripts/sdk-java.sh
 sdk-java: $(JAVA_SDK_STAMP)
 
+# An older Beam Java client (tests/test_version_skew.py, issue 43): Beam
+# 2.48.0's WordCount, PortableRunner and DirectRunner, into ~/.m2 as above
+# (~55 MB, a minute the first time); Maven comes with sdk-java.
+JAVA_OLD_STAMP := sdks/java-old/target/classpath.txt
+$(JAVA_OLD_STAMP): sdks/java-old/pom.xml scripts/sdk-java-old.sh | $(JAVA_SDK_STAMP)
+	@scripts/sdk-java-old.sh
+sdk-java-old: $(JAVA_OLD_STAMP)
+
 # Older Beam Python clients (tests/test_version_skew.py): a virtualenv per
 # version with that apache-beam from PyPI, in the versioned harnesses' own
 # cache (beam_pyspark.boot.python: ~/.cache/beam-pyspark/harness, or
@@ -119,7 +127,7 @@ connect-client: $(CONNECT_CLIENT_STAMP)
 # a pass.
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
-test: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang \
+test: setup sdk-typescript sdk-go sdk-java sdk-java-old sdk-python-versions sdk-xlang \
   hdfs-minicluster connect-client
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \

@@ -2,7 +2,8 @@
 
 Not a test module: tests/test_sdk_java*.py share it. ``sdks/java/pom.xml``
 pins Beam's Java SDK; `make sdk-java` (which `make test` runs) resolves it
-into ~/.m2 and writes the classpath to sdks/java/target/classpath.txt.
+into ~/.m2 and writes the classpath to sdks/java/target/classpath.txt;
+``sdks/java-old/pom.xml`` an older Beam's client (`make sdk-java-old`).
 """
 
 from __future__ import annotations
@@ -18,17 +19,31 @@ from beam_pyspark.javahome import find_java
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SDK_DIR = os.path.join(ROOT, 'sdks', 'java')
 CLASSPATH_FILE = os.path.join(SDK_DIR, 'target', 'classpath.txt')
+# An older Beam's Java client, for the version-skew tests.
+OLD_CLASSPATH_FILE = os.path.join(ROOT, 'sdks', 'java-old', 'target',
+                                  'classpath.txt')
+_MAKE_TARGETS = {CLASSPATH_FILE: 'sdk-java', OLD_CLASSPATH_FILE: 'sdk-java-old'}
 
 
-def classpath() -> str:
+def classpath(path: str = CLASSPATH_FILE) -> str:
   """The pipeline classpath, or the test fails saying how to get it (a
   missing SDK is a broken setup, never a reason to skip)."""
-  if not os.path.exists(CLASSPATH_FILE):
+  if not os.path.exists(path):
     pytest.fail(
-        f'{CLASSPATH_FILE} is missing: run `make sdk-java` (make test does) '
-        'to resolve Beam\'s Java SDK with Maven.')
-  with open(CLASSPATH_FILE, encoding='utf-8') as f:
+        f'{path} is missing: run `make {_MAKE_TARGETS[path]}` (make test '
+        'does) to resolve Beam\'s Java SDK with Maven.')
+  with open(path, encoding='utf-8') as f:
     return f.read().strip()
+
+
+def beam_version(java_classpath: str) -> str:
+  """The Beam version of a classpath: its beam-sdks-java-core jar's."""
+  for jar in java_classpath.split(os.pathsep):
+    m = re.match(r'beam-sdks-java-core-(\d+\.\d+\.\d+)\.jar$',
+                 os.path.basename(jar))
+    if m:
+      return m.group(1)
+  raise AssertionError(f'no beam-sdks-java-core jar in {java_classpath}')
 
 
 def java() -> str:
@@ -38,13 +53,14 @@ def java() -> str:
 
 
 def run_java(main_class: str, args: list[str], log_path: str,
-             timeout: float = 600, env: dict | None = None
+             timeout: float = 600, env: dict | None = None,
+             java_classpath: str | None = None
              ) -> subprocess.CompletedProcess:
-  """Runs ``main_class`` on the SDK's classpath; fails the test with the
-  end of its log when it exits non-zero."""
+  """Runs ``main_class`` on the SDK's classpath (or ``java_classpath``);
+  fails the test with the end of its log when it exits non-zero."""
   with open(log_path, 'wb') as log:
     proc = subprocess.run(
-        [java(), '-cp', classpath(), main_class, *args],
+        [java(), '-cp', java_classpath or classpath(), main_class, *args],
         stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=env,
         check=False)
   if proc.returncode != 0:

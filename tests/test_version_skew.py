@@ -11,6 +11,11 @@ which `make test` runs), against a real job server of ours:
 - ``=versioned``: a harness of the client's version (boot.python, from the
   same virtualenv, found as the executor's cache); exact output.
 
+An older Beam Java client (sdks/java-old, `make sdk-java-old`): Beam
+2.48.0's own Java WordCount through its own PortableRunner, in its default
+environment (Docker, which the job server maps to the PROCESS boot of the
+client's staged harness); exact output, its own DirectRunner's.
+
 The versions' functions (planning.versions, planning.environments) have
 unit tests below too.
 """
@@ -18,6 +23,7 @@ unit tests below too.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -36,6 +42,7 @@ from beam_pyspark.boot import python as python_boot
 from beam_pyspark.planning import versions
 from beam_pyspark.planning.environments import EnvironmentOverride
 from beam_pyspark.planning.environments import apply_overrides
+import java_sdk
 from jobserver_process import JobServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,6 +211,32 @@ def test_java_boot_refuses_a_named_harness_of_another_version(
   assert java_boot.command(staged)[0][-1] == java_boot.MAIN_CLASS
 
 
+def test_java_boot_gives_a_harness_before_2_50_its_options_in_a_variable(
+    tmp_path, monkeypatch):
+  """FnHarness reads PIPELINE_OPTIONS_FILE since Beam 2.50.0; 2.48's reads
+  only PIPELINE_OPTIONS and failed at start with 'argument "content" is
+  null' (every stage of Beam 2.48.0's WordCount in its default
+  environment)."""
+  monkeypatch.delenv(java_boot.ENV_HARNESS_CLASSPATH, raising=False)
+  monkeypatch.setenv('PIPELINE_OPTIONS', '{"stale": true}')
+  old = _boot_context(tmp_path, [
+      'beam-sdks-java-core-2.48.0-a.jar', 'beam-sdks-java-harness-2.48.0-b.jar'])
+  old.info.pipeline_options.update({'options': {'jobName': 'old'}})
+  _, env = java_boot.command(old)
+  with open(env['PIPELINE_OPTIONS_FILE'], encoding='utf-8') as f:
+    assert env['PIPELINE_OPTIONS'] == f.read()
+  assert '"jobName": "old"' in env['PIPELINE_OPTIONS']
+  new = _boot_context(tmp_path, [
+      'beam-sdks-java-core-2.50.0-a.jar', 'beam-sdks-java-harness-2.50.0-b.jar'])
+  _, env = java_boot.command(new)
+  assert 'PIPELINE_OPTIONS' not in env and 'PIPELINE_OPTIONS_FILE' in env
+  # Over Linux's limit of one variable, an old harness cannot get them.
+  old.info.pipeline_options.update({'big': 'x' * 200_000})
+  with pytest.raises(common.BootError) as info:
+    java_boot.command(old)
+  assert '2.48.0' in str(info.value) and '2.50' in str(info.value)
+
+
 def expected_counts() -> list[str]:
   """What Beam's WordCount writes for the sample: its own regex."""
   with open(SAMPLE, encoding='utf-8') as f:
@@ -285,3 +318,45 @@ def test_an_older_clients_default_environment_runs_versioned(
                    '--environment_override=apache/beam_python*_sdk*=versioned')
   assert done.returncode == 0, done.stderr[-5000:] + server.log()[-5000:]
   assert counts(tmp_path) == expected_counts()
+
+
+def test_an_older_java_client_runs_in_its_default_environment(
+    server, tmp_path):
+  """Beam 2.48.0's Java WordCount with no environment option: its
+  environment is Docker, apache/beam_java17_sdk:2.48.0, which the job
+  server maps to the PROCESS boot; the boot runs FnHarness from the jars
+  the client staged, its own version's, so the pipeline runs unchanged and
+  writes what 2.48's own DirectRunner writes. (The Python client's
+  refusal does not apply: no harness of ours runs Java.) Before the boot
+  gave a harness before 2.50 its options in PIPELINE_OPTIONS, every stage
+  failed: 'argument "content" is null'."""
+  old_cp = java_sdk.classpath(java_sdk.OLD_CLASSPATH_FILE)
+  version = java_sdk.beam_version(old_cp)
+  assert not versions.same_minor(
+      version, java_sdk.beam_version(java_sdk.classpath())), version
+
+  def wordcount_java(name, *args):
+    out = tmp_path / name
+    out.mkdir()
+    java_sdk.run_java(
+        'org.apache.beam.examples.WordCount',
+        [f'--inputFile={SAMPLE}', f'--output={out}/counts', *args],
+        str(tmp_path / f'{name}.log'), java_classpath=old_cp)
+    return counts(out)
+
+  # The reference alongside: most of either's time is a JVM's start.
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    direct = pool.submit(wordcount_java, 'direct', '--runner=DirectRunner')
+    portable = pool.submit(
+        wordcount_java, 'portable', '--runner=PortableRunner',
+        f'--jobEndpoint={server.job_endpoint}')
+    direct, portable = direct.result(), portable.result()
+  assert len(direct) > 50 and all(': ' in c for c in direct), direct[:5]
+  assert portable == direct
+  # The harness that ran is the client's own version's, booted by us (the
+  # module's other harnesses are Python's).
+  with open(server.log_path, encoding='utf-8', errors='replace') as f:
+    boots = [line for line in f if 'Starting the SDK harness' in line
+             and line.rstrip().endswith(java_boot.MAIN_CLASS)]
+  assert boots and all(f'/beam-sdks-java-harness-{version}-' in line
+                       for line in boots), boots[:1] or server.log()[-5000:]

@@ -9,7 +9,8 @@ provision and artifact services (``boot.common``); the JVM then runs
 ``org.apache.beam.fn.harness.FnHarness`` with the environment variables
 FnHarness reads (``HARNESS_ID``, ``CONTROL_API_SERVICE_DESCRIPTOR``,
 ``LOGGING_API_SERVICE_DESCRIPTOR``, ``STATUS_API_SERVICE_DESCRIPTOR``,
-``PIPELINE_OPTIONS_FILE``, ``RUNNER_CAPABILITIES``).
+``PIPELINE_OPTIONS_FILE``, ``RUNNER_CAPABILITIES``; ``PIPELINE_OPTIONS``
+too for a harness older than Beam 2.50, which reads only that).
 
 Where the harness's classes come from. Beam's container puts its own
 ``beam-sdks-java-harness.jar`` (and slf4j) first on the classpath. Java's
@@ -135,6 +136,35 @@ def check_harness_version(harness: Sequence[str],
         '(its own version then runs).')
 
 
+# FnHarness reads its options from PIPELINE_OPTIONS_FILE since Beam 2.50.0;
+# an older one only from PIPELINE_OPTIONS (its own container's boot set
+# that), and without it fails at start on a null "content" in Jackson.
+_OPTIONS_FILE_SINCE = (2, 50)
+# Linux's limit on one environment string (MAX_ARG_STRLEN, 32 pages).
+_MAX_ENV_VALUE = 128 * 1024 - 1
+
+
+def options_in_variable(cp: Sequence[str], options: str) -> bool:
+  """Whether the harness needs the options in PIPELINE_OPTIONS too: its
+  harness jar is older than Beam 2.50, or of no version the jar's name
+  says (a pipeline's own fat jar) and the options fit in a variable."""
+  named = _beam_jar_versions(cp, 'harness')
+  old = sorted(v for v in named if tuple(
+      int(p) for p in v.split('.')[:2]) < _OPTIONS_FILE_SINCE)
+  if named and not old:
+    return False
+  if len(options.encode('utf-8')) <= _MAX_ENV_VALUE:
+    return True
+  if old:
+    raise common.BootError(
+        f'Beam Java {old[0]}\'s harness reads its pipeline options only from '
+        f'the PIPELINE_OPTIONS variable, and this job\'s options are '
+        f'{len(options.encode("utf-8"))} bytes, over Linux\'s limit of one '
+        'variable (128 KiB). Submit with Beam Java 2.50 or newer (its harness '
+        'reads them from a file), or with smaller options.')
+  return False
+
+
 def _pipeline_options(ctx: common.BootContext) -> dict:
   return json.loads(ctx.options_json() or '{}')
 
@@ -172,10 +202,15 @@ def java_executable() -> str:
 
 
 def harness_env(ctx: common.BootContext, options_file: str,
-                base: Optional[dict] = None) -> dict:
-  """The environment variables FnHarness.main reads."""
+                base: Optional[dict] = None,
+                options_variable: Optional[str] = None) -> dict:
+  """The environment variables FnHarness.main reads; PIPELINE_OPTIONS
+  only as ``options_variable`` (an old harness's), else the file is the
+  one source."""
   env = dict(os.environ if base is None else base)
-  env.pop('PIPELINE_OPTIONS', None)  # the file below is the one source
+  env.pop('PIPELINE_OPTIONS', None)
+  if options_variable is not None:
+    env['PIPELINE_OPTIONS'] = options_variable
   env.update(HARNESS_ID=ctx.worker_id, PIPELINE_OPTIONS_FILE=options_file)
   for name, value in ctx.fn_api_env().items():
     if value is None:
@@ -191,12 +226,15 @@ def command(ctx: common.BootContext) -> tuple[list[str], dict]:
   cp = classpath(ctx, flags.harness_classpath)
   # Options go in a file, as boot.go's MakePipelineOptionsFileAndEnvVar
   # does: a large job's options may pass the limit of one variable.
+  options = ctx.options_json()
   options_file = os.path.join(ctx.semi_persist_dir, 'pipeline_options.json')
   with open(options_file, 'w', encoding='utf-8') as f:
-    f.write(ctx.options_json())
+    f.write(options)
   argv = [java_executable()] + jvm_args(ctx, cp, flags.jvm_arg) + [
       '-cp', os.pathsep.join(cp), MAIN_CLASS]
-  return argv, harness_env(ctx, options_file)
+  return argv, harness_env(
+      ctx, options_file,
+      options_variable=options if options_in_variable(cp, options) else None)
 
 
 def main(ctx: common.BootContext) -> None:
