@@ -262,8 +262,9 @@ class ConnectPipelineJob(StageTranslator):
 
   def _release_harnesses(self) -> None:
     """Best effort, as the RDD engine's spark.release: a task per Python
-    worker slot stops the job's harnesses there; in the background when
-    every harness of the job ran in process."""
+    worker slot stops the job's harnesses there; in the background unless
+    one of the job's harnesses is a process this runner started
+    (harnesses.release_waits)."""
     slots = 2 * self._parallelism
     spark, job_id, succeeded = self.spark, self.job_id, self._succeeded
 
@@ -275,11 +276,7 @@ class ConnectPipelineJob(StageTranslator):
         _LOGGER.debug('Could not release the harnesses of %s', job_id,
                       exc_info=True)
 
-    in_process = all(
-        harnesses.kind_for(self._runtime.components.environments[
-            s.environment_id] if s.environment_id else None).in_process
-        for s in self.plan.stages)
-    if in_process:
+    if not harnesses.release_waits(self._runtime.components, self.plan):
       threading.Thread(target=release, name=f'release-{job_id}',
                        daemon=True).start()
     else:

@@ -233,10 +233,10 @@ class SparkPipelineJob:
   def _release_harnesses(self) -> None:
     """Best effort: stop the job's harnesses when the job ends (spark.release);
     harness processes before the job is reported done, as a program that
-    exits right after its pipeline would leave them."""
+    exits right after its pipeline would leave them (release_waits)."""
     release_harnesses(
         self.sc, self.job_id, self._succeeded, held=tasks.held(self._ctx),
-        wait=not all(self._kind(s).in_process for s in self.plan.stages))
+        wait=harnesses.release_waits(self._runtime.components, self.plan))
 
   def _kind(self, stage: StagePlan) -> harnesses.HarnessKind:
     """The kind of harness that runs the stage."""

@@ -393,6 +393,22 @@ class Manager(worker_handlers.WorkerHandlerManager):
     return self.get_worker_handlers(environment_id, 1)[0]
 
 
+  def close_all(self):
+    """Beam's, without waiting out the servers' shutdown grace: the
+    harnesses were told to stop (their control streams closed, a process
+    terminated), and what a LOOPBACK Java harness keeps open after that
+    (data, state, logging) is cut once the grace is over, in the
+    background. Waited for, it held each release task (a Spark task per
+    slot) for SHUTDOWN_GRACE_SECS, and the next jobs' tasks behind it."""
+    server, self._grpc_server = self._grpc_server, None
+    super().close_all()
+    if server is not None:
+      server.control_handler.done()
+      for grpc_server in (server.control_server, server.data_server,
+                          server.state_server, server.logging_server):
+        grpc_server.stop(SHUTDOWN_GRACE_SECS)
+
+
 class _JobArtifacts:
   """Beam's artifact_service module as its GrpcServer sees it while we
   build one (issue 26): the Fn API's artifact retrieval that a PROCESS
