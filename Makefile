@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-flink bench-streaming bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml scripts/setup-venv.sh
 	@scripts/setup-venv.sh $(PYTHON) $(VENV) test
@@ -139,6 +139,28 @@ docs: setup
 BENCH_ARGS ?= --size-mb 10 --repeats 3
 bench: setup
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+
+# PyFlink for the streaming benchmark's peer (benchmarks/streaming_throughput.py,
+# --flink-python): PyPI's apache-flink in a virtualenv of its own (it pins
+# an older apache-beam than ours), never part of `make test`. Again only
+# when this Makefile changes; pip's cache keeps the ~400 MB of downloads.
+FLINK_VENV := .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.installed-stamp
+$(FLINK_STAMP):
+	@test -x $(FLINK_VENV)/bin/python || $(PYTHON) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLINK_VENV)/bin/python -m pip install -q 'apache-flink==2.3.*'
+	@touch $(FLINK_STAMP)
+bench-flink: $(FLINK_STAMP)
+
+# The streaming benchmark (docs/benchmarks.md): ours, PySpark Structured
+# Streaming as its users run it (the [bench] extra: pyspark[sql]'s pyarrow
+# and pandas, Spark's default Arrow-optimized UDF), the same with the
+# pickled UDF, and PyFlink at its defaults, at rising offered rates.
+STREAM_BENCH_ARGS ?=
+bench-streaming: setup bench-flink
+	$(VENV)/bin/python -m benchmarks.streaming_throughput \
+	  --flink-python $(FLINK_VENV)/bin/python $(STREAM_BENCH_ARGS)
 
 # Kafka streaming, ours against hand-written PySpark Structured Streaming
 # with Spark's own Kafka source (docs/guide/kafka.md). Spark's connector
