@@ -50,10 +50,13 @@ def steady(stats: dict, rate: float, seconds: float, warmup: float) -> dict:
   ends = [(at, secs) for at, secs in stats.get('micro_batches', [])
           if start + warmup < at <= start + seconds]
   if len(ends) < 2:
+    seen = stats.get('micro_batches', [])
+    first = (f'; its first of {len(seen)} ended {seen[0][0] - start:.1f} s '
+             'after the events began (a longer --lead gives Spark time to '
+             'start)' if seen else '; no job message was seen')
     raise RuntimeError(
         f'{len(ends)} micro-batch(es) ended between {warmup} s and '
-        f'{seconds} s of events at {rate:.0f}/s: too few to profile (the '
-        'run fell behind or the job messages were not seen)')
+        f'{seconds} s of events at {rate:.0f}/s: too few to profile{first}')
   # The first one only marks where the span starts.
   span = ends[-1][0] - ends[0][0]
   batches = ends[1:]
