@@ -142,8 +142,9 @@ bench: setup
 
 # PyFlink for the streaming benchmark's peer (benchmarks/streaming_throughput.py,
 # --flink-python): PyPI's apache-flink in a virtualenv of its own (it pins
-# an older apache-beam than ours), never part of `make test`. Again only
-# when this Makefile changes; pip's cache keeps the ~400 MB of downloads.
+# an older apache-beam than ours), never part of `make test`. Made once
+# (~850 MB; remove .venv-flink to make it again); pip's cache keeps the
+# downloads.
 FLINK_VENV := .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.installed-stamp
 $(FLINK_STAMP):

@@ -1,5 +1,5 @@
 """The jobs benchmarks/streaming_throughput.py runs, each as a program of
-its own in a fresh process (``python -c PROGRAM rate seconds out master
+its own in a fresh process (``python PROGRAM.py rate seconds out master
 lead [args]``): ours on beam_pyspark, PySpark Structured Streaming, PyFlink
 (in its own virtualenv's Python). Each notes its panes in ``out``, a line
 ``window_end emit_time count`` each, and prints a ``STATS {json}`` line.

@@ -10,10 +10,11 @@ process. From each run, over the micro-batches that ended after the
 warm-up while its events were offered (their job messages, "Micro-batch
 N: S s", with when each ended):
 
-* micro-batches, their mean wall time, events per micro-batch (the offered
-  rate times the mean interval between their ends: what each read, kept
-  up), and the process tree's CPU seconds over the same span (JVM, driver
-  and Python workers, from /proc);
+* micro-batches (those that ended after the warm-up, up to the last
+  pane), their mean wall time, events per micro-batch (the counts of the
+  panes that arrived over them: what they counted, kept up or behind),
+  and the process tree's CPU seconds over the same span (JVM, driver and
+  Python workers, from /proc);
 * a line through the two rates' points: wall ms per micro-batch =
   fixed + per-event x events, and CPU ms per micro-batch likewise. The
   intercepts are what a micro-batch costs whatever it reads (Spark's
@@ -44,11 +45,15 @@ from benchmarks import streaming_throughput as st
 
 
 def steady(stats: dict, rate: float, seconds: float, warmup: float) -> dict:
-  """The micro-batches that ended after the warm-up while events were
-  offered: how many, their wall time, events each, CPU each."""
+  """The micro-batches that ended after the warm-up until the last pane
+  (while events were offered, and a backlog after them if it fell behind):
+  how many, their wall time, the events they counted (the panes that
+  arrived over them: each micro-batch's timer wave fires its windows before
+  it ends), CPU each."""
   start = stats['start']
+  last_pane = max((at for _, at, _ in stats['panes']), default=0.0)
   ends = [(at, secs) for at, secs in stats.get('micro_batches', [])
-          if start + warmup < at <= start + seconds]
+          if start + warmup < at <= last_pane + 1.0]
   if len(ends) < 2:
     seen = stats.get('micro_batches', [])
     first = (f'; its first of {len(seen)} ended {seen[0][0] - start:.1f} s '
@@ -58,17 +63,20 @@ def steady(stats: dict, rate: float, seconds: float, warmup: float) -> dict:
         f'{len(ends)} micro-batch(es) ended between {warmup} s and '
         f'{seconds} s of events at {rate:.0f}/s: too few to profile{first}')
   # The first one only marks where the span starts.
-  span = ends[-1][0] - ends[0][0]
+  t0, t1 = ends[0][0], ends[-1][0]
+  span = t1 - t0
   batches = ends[1:]
-  cpu = st._at(stats['cpu'], ends[-1][0]) - st._at(stats['cpu'], ends[0][0])
+  events = sum(n for _, at, n in stats['panes'] if t0 < at <= t1)
+  cpu = st._at(stats['cpu'], t1) - st._at(stats['cpu'], t0)
   return {
       'rate': rate,
       'batches': len(batches),
       'batch_ms': 1000 * sum(s for _, s in batches) / len(batches),
-      'events_per_batch': rate * span / len(batches),
+      'events_per_batch': events / len(batches),
+      'events_per_sec': events / span if span > 0 else float('nan'),
       'cpu_ms_per_batch': 1000 * cpu / len(batches),
       'cores': cpu / span if span > 0 else float('nan'),
-      'cpu_secs_per_million': cpu * 1e6 / max(rate * span, 1),
+      'cpu_secs_per_million': cpu * 1e6 / max(events, 1),
   }
 
 
@@ -115,15 +123,13 @@ class PySpyLater:
     by_kind = collections.Counter()
     for pids, frames, count in parse_raw(self.output):
       secs = count / self.rate
-      # PySpark's workers are forked from its daemon: the same command.
-      daemons = sum('pyspark.daemon' in cmd for _, cmd in pids)
-      kind = ('PySpark worker' if daemons > 1 else
-              'PySpark daemon' if daemons == 1 else 'driver')
-      by_kind[kind] += secs
+      # By the sampled process's command line (PySpark's workers are
+      # forked from its daemon: the same one).
+      by_kind[pids[-1][1][:80] if pids else '?'] += secs
       if frames:
         fn, path = frames[-1]
         self_time[f'{fn} ({short(path)})'] += secs
-    return {'by_process': dict(by_kind.most_common()),
+    return {'by_command': dict(by_kind.most_common()),
             'top_self': dict(self_time.most_common(top))}
 
 
@@ -137,6 +143,8 @@ def parse_raw(path: str):
       if not line:
         continue
       stack, _, count = line.rpartition(' ')
+      if not count.isdigit():  # not a stack (py-spy's notes)
+        continue
       parts = stack.split(';')
       pids = []
       while parts and parts[0].startswith('process '):
@@ -191,29 +199,45 @@ def main(argv=None) -> None:
   low, high = points[low_rate], points[args.rate]
   fixed_ms, per_event_ms = fit(low, high, 'batch_ms')
   fixed_cpu_ms, per_event_cpu_ms = fit(low, high, 'cpu_ms_per_batch')
+  apart = high['events_per_batch'] / max(low['events_per_batch'], 1)
   print()
-  print('| offered/s | micro-batches | wall ms each | events each | CPU ms '
-        'each | cores | CPU s per M events | load before-after |')
-  print('|---|---|---|---|---|---|---|---|')
+  print('| offered/s | counted/s | micro-batches | wall ms each | events '
+        'each | CPU ms each | cores | CPU s per M events | load '
+        'before-after |')
+  print('|---|---|---|---|---|---|---|---|---|')
   for p in (low, high):
-    print(f'| {p["rate"]:,.0f} | {p["batches"]} | {p["batch_ms"]:.0f} | '
+    print(f'| {p["rate"]:,.0f} | {p["events_per_sec"]:,.0f} | '
+          f'{p["batches"]} | {p["batch_ms"]:.0f} | '
           f'{p["events_per_batch"]:,.0f} | {p["cpu_ms_per_batch"]:.0f} | '
           f'{p["cores"]:.2f} | {p["cpu_secs_per_million"]:.2f} | '
           f'{p["load_before"]:.1f}-{p["load_after"]:.1f} |')
   print()
-  print(f'Per micro-batch, whatever it reads: {fixed_ms:.0f} ms wall, '
-        f'{fixed_cpu_ms:.0f} CPU-ms')
-  print(f'Per event: {per_event_ms * 1e3:.2f} us wall, '
-        f'{per_event_cpu_ms * 1e3:.2f} CPU-us '
-        f'({per_event_cpu_ms * 1e3:.2f} CPU-s per million events)')
+  if apart < 1.3:
+    # Both read about as much per micro-batch (both behind, at the most
+    # their budget or the machine lets them): a line through them says
+    # nothing.
+    print(f'No line: the runs read {low["events_per_batch"]:,.0f} and '
+          f'{high["events_per_batch"]:,.0f} events per micro-batch, too '
+          'close (both behind?); a lower --low-rate, or an idle machine. '
+          'Per event at most (all CPU counted as per event): '
+          f'{min(low["cpu_secs_per_million"], high["cpu_secs_per_million"]):.2f}'
+          ' CPU-s per million events')
+  else:
+    print(f'Per micro-batch, whatever it reads: {fixed_ms:.0f} ms wall, '
+          f'{fixed_cpu_ms:.0f} CPU-ms')
+    print(f'Per event: {per_event_ms * 1e3:.2f} us wall, '
+          f'{per_event_cpu_ms * 1e3:.2f} CPU-us '
+          f'({per_event_cpu_ms * 1e3:.2f} CPU-s per million events)')
   if profile is not None:
     print()
     if 'error' in profile:
       print(profile['error'])
     else:
-      print('py-spy at {:,.0f}/s, seconds sampled by process: {}'.format(
-          args.rate, json.dumps({k: round(v, 1) for k, v in
-                                 profile['by_process'].items()})))
+      print(f'py-spy at {args.rate:,.0f}/s over its events, seconds '
+            'sampled by command line:')
+      for command, secs in profile['by_command'].items():
+        print(f'  {secs:7.1f} s  {command}')
+      print('by function (self time):')
       for name, secs in profile['top_self'].items():
         print(f'  {secs:7.1f} s  {name}')
   if args.json:

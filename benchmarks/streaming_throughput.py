@@ -109,7 +109,11 @@ def run_once(variant: str, rate: float, seconds: float, lead: float,
   with tempfile.TemporaryDirectory(prefix='beam-pyspark-tput-') as tmp:
     out = os.path.join(tmp, 'panes')
     program, args = VARIANTS[variant]
-    cmd = [python, '-c', program, str(rate), str(seconds), out, master,
+    # A file, not -c: its command line stays one short line (ps, py-spy).
+    script = os.path.join(tmp, f'{variant}.py')
+    with open(script, 'w', encoding='utf-8') as f:
+      f.write(program)
+    cmd = [python, script, str(rate), str(seconds), out, master,
            str(lead)] + args + (extra if variant == 'ours' else [])
     # Spark's Python workers run the child's interpreter, as they run a
     # user's activated virtualenv's python3 (else PATH's python3, which

@@ -145,8 +145,10 @@ def test_streaming_profile_fits_fixed_and_per_event_costs():
     ends = [(100 + 8 + i * secs, secs) for i in range(1, 11)]
     cpu = [(100 + t / 1000, (0.4 / secs + 5e-6 * rate) * t / 1000)
            for t in range(0, 20000)]
-    return sp.steady({'start': 100, 'micro_batches': ends, 'cpu': cpu},
-                     rate, 30, 8)
+    # Each micro-batch's timer wave fires the windows it counted.
+    panes = [(at - 1, at - 0.01, events) for at, _ in ends]
+    return sp.steady({'start': 100, 'micro_batches': ends, 'cpu': cpu,
+                      'panes': panes}, rate, 30, 8)
   low, high = run(50000), run(100000)
   assert low['batches'] == high['batches'] == 9
   fixed, per_event = sp.fit(low, high, 'batch_ms')
