@@ -80,6 +80,23 @@ def steady(stats: dict, rate: float, seconds: float, warmup: float) -> dict:
   }
 
 
+def idle(stats: dict) -> dict:
+  """The micro-batches that ended before the events began (after Spark's
+  start-up, within --lead): what a micro-batch costs that reads nothing,
+  its wall time and CPU each (the first only marks where the span
+  starts)."""
+  ends = [(at, secs) for at, secs in stats.get('micro_batches', [])
+          if at < stats['start']]
+  if len(ends) < 2:
+    return {'idle_batches': 0}
+  batches = ends[1:]
+  cpu = (st._at(stats['cpu'], ends[-1][0]) -
+         st._at(stats['cpu'], ends[0][0]))
+  return {'idle_batches': len(batches),
+          'idle_batch_ms': 1000 * sum(s for _, s in batches) / len(batches),
+          'idle_cpu_ms_per_batch': 1000 * cpu / len(batches)}
+
+
 def fit(low: dict, high: dict, key: str) -> tuple[float, float]:
   """(intercept, slope) of ``key`` per micro-batch against events per
   micro-batch through the two runs' points."""
@@ -192,6 +209,7 @@ def main(argv=None) -> None:
       stats = st.run_once('ours', rate, args.seconds, args.lead, args.master,
                           sys.executable, args.ours_flag, observe=observe)
       point = steady(stats, rate, args.seconds, args.warmup)
+      point.update(idle(stats))
       point.update(load_before=load_before, load_after=os.getloadavg()[0])
       points[rate] = point
       print(json.dumps(point, sort_keys=True), flush=True)
@@ -212,6 +230,12 @@ def main(argv=None) -> None:
           f'{p["cores"]:.2f} | {p["cpu_secs_per_million"]:.2f} | '
           f'{p["load_before"]:.1f}-{p["load_after"]:.1f} |')
   print()
+  for p in (low, high):
+    if p['idle_batches']:
+      print(f'Before its events ({p["rate"]:,.0f}/s run): '
+            f'{p["idle_batches"]} micro-batches that read nothing, '
+            f'{p["idle_batch_ms"]:.0f} ms wall and '
+            f'{p["idle_cpu_ms_per_batch"]:.0f} CPU-ms each')
   if apart < 1.3:
     # Both read about as much per micro-batch (both behind, at the most
     # their budget or the machine lets them): a line through them says

@@ -151,6 +151,15 @@ def test_streaming_profile_fits_fixed_and_per_event_costs():
                       'panes': panes}, rate, 30, 8)
   low, high = run(50000), run(100000)
   assert low['batches'] == high['batches'] == 9
+  # Before the events (at 100 s), micro-batches of 250 ms that read
+  # nothing, at 0.3 CPU-s each.
+  quiet = sp.idle({'start': 100,
+                   'micro_batches': [(90 + i / 4, 0.25) for i in range(20)],
+                   'cpu': [(90 + t / 100, 0.3 * 4 * t / 100)
+                           for t in range(2000)]})
+  assert quiet['idle_batches'] == 19
+  assert quiet['idle_batch_ms'] == 250
+  assert abs(quiet['idle_cpu_ms_per_batch'] - 300) < 5
   fixed, per_event = sp.fit(low, high, 'batch_ms')
   assert abs(fixed - 300) < 1 and abs(per_event - 2e-3) < 1e-5
   fixed_cpu, per_event_cpu = sp.fit(low, high, 'cpu_ms_per_batch')
