@@ -110,7 +110,8 @@ def run_once(variant: str, rate: float, seconds: float, lead: float,
     out = os.path.join(tmp, 'panes')
     program, args = VARIANTS[variant]
     # A file, not -c: its command line stays one short line (ps, py-spy).
-    script = os.path.join(tmp, f'{variant}.py')
+    # Not named after a module it imports (pyspark.py would shadow it).
+    script = os.path.join(tmp, f'job_{variant.replace("-", "_")}.py')
     with open(script, 'w', encoding='utf-8') as f:
       f.write(program)
     cmd = [python, script, str(rate), str(seconds), out, master,
