@@ -25,8 +25,12 @@ N: S s", with when each ended):
 With ``--py-spy`` (``pip install py-spy``, a binary of its own), the run
 at ``--rate`` is sampled over its events (after the warm-up) in every
 Python process of the tree (the driver, PySpark's daemon and workers), and
-the functions taking the most samples (by self time, and by the process
-kind) are printed.
+the seconds sampled per command line and the functions taking the most
+samples (self time) are printed.
+
+Micro-batches that ended before the events began (within ``--lead``, once
+Spark started) read nothing: their mean wall time and CPU are printed too,
+the fixed cost measured directly.
 """
 
 from __future__ import annotations
