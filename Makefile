@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # ValidatesRunner module (~15 minutes) last, alone.
 PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
 
-.PHONY: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-flink bench-streaming bench-kafka bench-kafka-jars clean
+.PHONY: setup sdk-typescript sdk-go sdk-java sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
 
 $(STAMP): pyproject.toml scripts/setup-venv.sh
 	@scripts/setup-venv.sh $(PYTHON) $(VENV) test
@@ -145,6 +145,7 @@ bench: setup
 # an older apache-beam than ours), never part of `make test`. Made once
 # (~850 MB; remove .venv-flink to make it again); pip's cache keeps the
 # downloads.
+.PHONY: bench-flink bench-streaming
 FLINK_VENV := .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.installed-stamp
 $(FLINK_STAMP):
