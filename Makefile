@@ -148,6 +148,30 @@ BENCH_ARGS ?= --size-mb 10 --repeats 3
 bench: setup
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
+# PyFlink for the streaming benchmark's peer (benchmarks/streaming_throughput.py,
+# --flink-python): PyPI's apache-flink in a virtualenv of its own (it pins
+# an older apache-beam than ours), never part of `make test`. Made once
+# (~850 MB; remove .venv-flink to make it again); pip's cache keeps the
+# downloads.
+.PHONY: bench-flink bench-streaming
+FLINK_VENV := .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.installed-stamp
+$(FLINK_STAMP):
+	@test -x $(FLINK_VENV)/bin/python || $(PYTHON) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLINK_VENV)/bin/python -m pip install -q 'apache-flink==2.3.*'
+	@touch $(FLINK_STAMP)
+bench-flink: $(FLINK_STAMP)
+
+# The streaming benchmark (docs/benchmarks.md): ours, PySpark Structured
+# Streaming as its users run it (the [bench] extra: pyspark[sql]'s pyarrow
+# and pandas, Spark's default Arrow-optimized UDF), the same with the
+# pickled UDF, and PyFlink at its defaults, at rising offered rates.
+STREAM_BENCH_ARGS ?=
+bench-streaming: setup bench-flink
+	$(VENV)/bin/python -m benchmarks.streaming_throughput \
+	  --flink-python $(FLINK_VENV)/bin/python $(STREAM_BENCH_ARGS)
+
 # Kafka streaming, ours against hand-written PySpark Structured Streaming
 # with Spark's own Kafka source (docs/guide/kafka.md). Spark's connector
 # (spark-sql-kafka-0-10 for Scala 2.13: 4.2.0, the newest on Maven Central;

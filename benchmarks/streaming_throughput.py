@@ -1,31 +1,43 @@
 """Streaming throughput: this runner against hand-written PySpark Structured
 Streaming and PyFlink, the same windowed count at rising offered rates.
 
-    python -m benchmarks.streaming_throughput [--rates 1000,10000,50000]
-        [--seconds 45] [--warmup 15] [--variants ours,pyspark,pyflink]
-        [--flink-python /tmp/flinkvenv/bin/python] [--repeats 1]
+    python -m benchmarks.streaming_throughput [--rates 100000,200000,400000,800000]
+        [--seconds 45] [--warmup 15]
+        [--variants ours,pyspark,pyspark-pickled,pyflink]
+        [--flink-python .venv-flink/bin/python] [--repeats 1]
 
-The work, in all three: events at a steady offered rate, a Python function
-mapping each event to one of 10 keys (per event, row by row: Beam's Map,
-a PySpark per-row ``udf``, a PyFlink scalar Python UDF), 1-second fixed
-(tumbling) windows of event time, a count per key and window, and a sink
-that notes each pane's window end and the wall-clock time it got there.
-Event time is the time an event was due, so latency = emit time minus
-window end (the earliest any of them could emit it).
+The work, in all of them: events at a steady offered rate, a Python
+function mapping each event to one of 10 keys (Beam's Map, a PySpark
+``udf``, a PyFlink scalar Python UDF), 1-second fixed (tumbling) windows of
+event time, a count per key and window, and a sink that notes each pane's
+window end and the wall-clock time it got there. Event time is the time an
+event was due, so latency = emit time minus window end (the earliest any
+of them could emit it).
+
+The peers run as their users run them, at their defaults:
 
 * ``ours``: Beam's ``PeriodicImpulse`` -> ``Map`` -> ``WindowInto`` ->
   ``CombinePerKey(sum)`` on ``beam_pyspark.PySparkRunner --streaming``
   (local[2]); the events start ``--lead`` seconds after the job does, so
   Spark's start-up is not a backlog.
 * ``pyspark``: the ``rate`` source (``rowsPerSecond``, 2 partitions) ->
-  per-row Python ``udf`` -> ``groupBy(window(ts, '1 second'), key).count()``
-  with a zero-delay watermark, append mode, ``foreachBatch`` sink,
-  ``spark.sql.shuffle.partitions=2``, local[2], default trigger.
-* ``pyflink``: PyPI ``apache-flink`` (never installed by ``make test``: it
-  pins its own Beam, so it lives in its own virtualenv, ``--flink-python``)
-  in its local mini-cluster, parallelism 2: the ``datagen`` connector
-  (``rows-per-second``, a sequence, ``ts AS LOCALTIMESTAMP`` with
-  ``WATERMARK FOR ts AS ts``) -> Python scalar UDF for the key -> a
+  ``F.udf(lambda v: v % 10, 'int')`` -> ``groupBy(window(ts, '1 second'),
+  key).count()`` with a zero-delay watermark, append mode, ``foreachBatch``
+  sink, ``spark.sql.shuffle.partitions=2``, local[2], default trigger.
+  PySpark's users install ``pyspark[sql]`` (pyarrow, pandas: the
+  ``[bench]`` extra, in the benchmark's environment, not the runner's
+  dependencies), with which Spark 4's default
+  (``spark.sql.execution.pythonUDF.arrow.enabled=true``) makes the UDF
+  Arrow-optimized: each run checks that its plan evaluates it with
+  ``ArrowEvalPython`` and that its Python workers import pyarrow.
+* ``pyspark-pickled``: the same with the Arrow optimization turned off
+  (``BatchEvalPython``: rows pickled to the workers, as PySpark 3 did).
+* ``pyflink``: PyPI ``apache-flink`` (``make bench-flink``; never installed
+  by ``make test``: it pins its own Beam, so it lives in its own
+  virtualenv, ``--flink-python``) at its defaults, in its local
+  mini-cluster (parallelism: the machine's cores): the ``datagen``
+  connector (``rows-per-second``, a sequence, ``ts AS LOCALTIMESTAMP``
+  with ``WATERMARK FOR ts AS ts``) -> Python scalar UDF for the key -> a
   tumbling-window count -> a Python UDF noting the pane -> ``blackhole``.
 
 Each (variant, rate) runs in a fresh process; the order of the variants
@@ -34,8 +46,9 @@ systems within one run, not runs across time). Over the windows after
 ``--warmup`` seconds of events, printed per run: records/s counted, whether
 it kept up (every event counted, latency not growing from the first third
 of the windows to the last, p50 under 5 s), latency p50/p99, the cores the
-whole process tree used (sampled from /proc) and its CPU seconds per
-million events.
+whole process tree used (sampled from /proc), its CPU seconds per million
+events, ours' micro-batch times, and the 1-minute load average before and
+after the run. Every system has a row at every rate, kept up or not.
 """
 
 from __future__ import annotations
@@ -51,165 +64,24 @@ import time
 
 import psutil
 
-_OURS = r'''
-import json, os, sys, time
-import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms import window
-from apache_beam.transforms.periodicsequence import PeriodicImpulse
+from benchmarks.streaming_jobs import OURS
+from benchmarks.streaming_jobs import PYFLINK
+from benchmarks.streaming_jobs import PYSPARK
 
-rate, seconds, out, master, lead = sys.argv[1:6]
-rate, seconds, lead = float(rate), float(seconds), float(lead)
-
-
-class Note(beam.DoFn):
-  def __init__(self, path):
-    self.path = path
-
-  def process(self, kv, w=beam.DoFn.WindowParam):
-    line = '%f %f %d\n' % (float(w.end), time.time(), kv[1])
-    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-      os.write(fd, line.encode())
-    finally:
-      os.close(fd)
-
-
-start = time.time() + lead
-p = beam.Pipeline(options=PipelineOptions([
-    '--streaming', '--runner=beam_pyspark.PySparkRunner',
-    '--spark_master_url=' + master] + sys.argv[6:]))
-events = p | PeriodicImpulse(
-    start_timestamp=start, stop_timestamp=start + seconds,
-    fire_interval=1.0 / rate)
-if os.environ.get('BENCH_RESHUFFLE'):  # an experiment: the read's output moved
-  events = events | beam.Reshuffle()
-_ = (events
-     | beam.Map(lambda t: (int(float(t) * 1000) % 10, 1))
-     | beam.WindowInto(window.FixedWindows(1))
-     | beam.CombinePerKey(sum)
-     | beam.ParDo(Note(out)))
-result = p.run()
-result.wait_until_finish()
-stats = {'start': start}
-found = result.metrics().query(MetricsFilter().with_name(
-    'micro_batch_millis'))['distributions']
-if found:
-  d = found[0].committed
-  stats.update(batches=d.count, batch_min_ms=d.min, batch_mean_ms=d.mean)
-print('STATS ' + json.dumps(stats))
-'''
-
-_PYSPARK = r'''
-import json, os, sys, time
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
-
-rate, seconds, out, master, lead = sys.argv[1:6]
-rate, seconds = int(float(rate)), float(seconds)
-spark = (SparkSession.builder.master(master)
-         .config('spark.sql.shuffle.partitions', '2')
-         # A per-row (pickled) Python UDF, not an Arrow-batched one.
-         .config('spark.sql.execution.pythonUDF.arrow.enabled', 'false')
-         .config('spark.ui.enabled', 'false')
-         .config('spark.ui.showConsoleProgress', 'false').getOrCreate())
-key = F.udf(lambda v: v % 10, 'int')
-events = (spark.readStream.format('rate').option('rowsPerSecond', rate)
-          .option('numPartitions', 2).load())
-counts = (events.withWatermark('timestamp', '0 seconds')
-          .groupBy(F.window('timestamp', '1 second'),
-                   key('value').alias('k')).count())
-
-
-def sink(batch, _):
-  rows = batch.select(F.col('window.end').cast('double').alias('end'),
-                      'count').collect()
-  now = time.time()
-  if not rows:
-    return
-  with open(out, 'a', encoding='utf-8') as f:
-    for row in rows:
-      f.write('%f %f %d\n' % (row['end'], now, row['count']))
-
-
-ckpt = out + '.ckpt'
-query = (counts.writeStream.outputMode('append').foreachBatch(sink)
-         .option('checkpointLocation', ckpt).start())
-deadline = time.time() + 300  # start-up: until the first pane
-while (not os.path.exists(out) and time.time() < deadline and
-       query.isActive):
-  time.sleep(0.2)
-started = time.time()
-time.sleep(seconds)
-if query.exception() is not None:
-  raise SystemExit(str(query.exception()))
-query.stop()
-print('STATS ' + json.dumps({'start': started}))
-'''
-
-_PYFLINK = r'''
-import json, os, sys, time
-from datetime import timezone
-from pyflink.common import Configuration
-from pyflink.datastream import StreamExecutionEnvironment
-from pyflink.table import DataTypes, StreamTableEnvironment
-from pyflink.table.udf import udf
-
-rate, seconds, out, master, lead = sys.argv[1:6]
-rate, seconds = int(float(rate)), float(seconds)
-env = StreamExecutionEnvironment.get_execution_environment()
-env.set_parallelism(2)
-t_env = StreamTableEnvironment.create(env)
-t_env.get_config().set('table.local-time-zone', 'UTC')
-t_env.execute_sql(f"""
-  CREATE TABLE events (seq BIGINT, ts AS LOCALTIMESTAMP,
-                       WATERMARK FOR ts AS ts)
-  WITH ('connector' = 'datagen', 'rows-per-second' = '{rate}',
-        'fields.seq.kind' = 'sequence', 'fields.seq.start' = '0',
-        'fields.seq.end' = '{int(rate * seconds * 4)}')""")
-t_env.execute_sql(
-    "CREATE TABLE sink (n INT) WITH ('connector' = 'blackhole')")
-
-
-@udf(result_type=DataTypes.INT())
-def key(v):
-  return v % 10
-
-
-@udf(result_type=DataTypes.INT())
-def note(end, count):
-  line = '%f %f %d\n' % (end.replace(tzinfo=timezone.utc).timestamp(),
-                         time.time(), count)
-  fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-  try:
-    os.write(fd, line.encode())
-  finally:
-    os.close(fd)
-  return 1
-
-
-t_env.create_temporary_function('bkey', key)
-t_env.create_temporary_function('note', note)
-t_env.create_temporary_view('keyed', t_env.sql_query(
-    'SELECT bkey(seq) AS k, ts FROM events'))
-counted = t_env.sql_query("""
-  SELECT window_end, k, COUNT(*) AS c
-  FROM TABLE(TUMBLE(TABLE keyed, DESCRIPTOR(ts), INTERVAL '1' SECOND))
-  GROUP BY window_start, window_end, k""")
-t_env.create_temporary_view('counted', counted)
-job = t_env.execute_sql(
-    'INSERT INTO sink SELECT note(window_end, CAST(c AS INT)) FROM counted')
-deadline = time.time() + 300  # start-up: until the first pane
-while not os.path.exists(out) and time.time() < deadline:
-  time.sleep(0.2)
-started = time.time()
-time.sleep(seconds)
-job.get_job_client().cancel().result()
-print('STATS ' + json.dumps({'start': started}))
-'''
-
-_CHILDREN = {'ours': _OURS, 'pyspark': _PYSPARK, 'pyflink': _PYFLINK}
+# Each variant: (its child program, the arguments after the common ones).
+# ``pyspark`` is PySpark as its users run it (pyspark[sql]'s pyarrow and
+# pandas installed, Spark 4's default Arrow-optimized UDF);
+# ``pyspark-pickled`` the same query with the UDF's Arrow optimization
+# turned off, as PySpark 3 ran it.
+VARIANTS = {
+    'ours': (OURS, []),
+    'pyspark': (PYSPARK, ['arrow']),
+    'pyspark-pickled': (PYSPARK, ['pickled']),
+    'pyflink': (PYFLINK, []),
+}
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# `make bench-flink` makes it.
+FLINK_PYTHON = os.path.join(REPO_ROOT, '.venv-flink', 'bin', 'python')
 
 
 def _tree_cpu(proc: psutil.Process, seen: dict) -> float:
@@ -229,13 +101,30 @@ def _tree_cpu(proc: psutil.Process, seen: dict) -> float:
 
 
 def run_once(variant: str, rate: float, seconds: float, lead: float,
-             master: str, python: str, extra: list) -> dict:
+             master: str, python: str, extra: list,
+             observe=None) -> dict:
+  """One run in a fresh process: its STATS, panes and CPU samples.
+  ``observe(pid)``, if given, is called once the process started (a
+  profiler attaching to it)."""
   with tempfile.TemporaryDirectory(prefix='beam-pyspark-tput-') as tmp:
     out = os.path.join(tmp, 'panes')
-    cmd = [python, '-c', _CHILDREN[variant], str(rate), str(seconds), out,
-           master, str(lead)] + (extra if variant == 'ours' else [])
+    program, args = VARIANTS[variant]
+    # A file, not -c: its command line stays one short line (ps, py-spy).
+    # Not named after a module it imports (pyspark.py would shadow it).
+    script = os.path.join(tmp, f'job_{variant.replace("-", "_")}.py')
+    with open(script, 'w', encoding='utf-8') as f:
+      f.write(program)
+    cmd = [python, script, str(rate), str(seconds), out, master,
+           str(lead)] + args + (extra if variant == 'ours' else [])
+    # Spark's Python workers run the child's interpreter, as they run a
+    # user's activated virtualenv's python3 (else PATH's python3, which
+    # may lack pyarrow).
+    env = dict(os.environ, PYSPARK_PYTHON=python)
     log = open(os.path.join(tmp, 'log'), 'w+', encoding='utf-8')
-    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                             env=env)
+    if observe is not None:
+      observe(child.pid)
     proc, seen, cpu = psutil.Process(child.pid), {}, []
     deadline = time.time() + seconds * 10 + 600
     while child.poll() is None and time.time() < deadline:
@@ -252,14 +141,30 @@ def run_once(variant: str, rate: float, seconds: float, lead: float,
     for line in text.splitlines():
       if line.startswith('STATS '):
         stats = json.loads(line[6:])
+    expected = EVALUATED.get(variant)
+    if expected and stats.get('udf_eval') != expected:
+      raise RuntimeError(
+          f'{variant} at {rate}/s: its key UDF ran as '
+          f'{stats.get("udf_eval")} (Python workers: {stats.get("worker")}),'
+          f' not {expected}: without pyarrow and pandas PySpark falls back '
+          "to a pickled UDF; install the benchmark's libraries "
+          "(pip install -e '.[bench]')")
     panes = []
     if os.path.exists(out):
       with open(out, encoding='utf-8') as f:
         panes = [tuple(float(x) for x in line.split()) for line in f]
   stats['panes'] = panes
   stats['cpu'] = cpu
+  stats['log_tail'] = text[-3000:]
   return stats
 
+
+# What a peer reports of how it ran (from inside it).
+HOW = ('udf_eval', 'arrow_enabled', 'worker', 'parallelism')
+
+# The physical plan's node that evaluates each PySpark variant's key UDF.
+EVALUATED = {'pyspark': 'ArrowEvalPython',
+             'pyspark-pickled': 'BatchEvalPython'}
 
 # Beyond this median latency a run is behind its offered rate.
 LAGGING_SECS = 5.0
@@ -311,7 +216,8 @@ def summarize(stats: dict, rate: float, seconds: float, warmup: float,
       'cores': cores,
       'cpu_secs_per_million': (c1 - c0) * 1e6 / max(emitted, 1),
   }
-  for key in ('batches', 'batch_min_ms', 'batch_mean_ms'):
+  for key in ('batches', 'batch_min_ms', 'batch_mean_ms', 'batch_max_ms'
+              ) + HOW:
     if key in stats:
       summary[key] = stats[key]
   return summary
@@ -331,23 +237,101 @@ def _quantile(values: list[float], q: float) -> float:
   return values[min(len(values) - 1, int(q * len(values)))]
 
 
+LABELS = {
+    'ours': 'ours',
+    'pyspark': 'PySpark (Arrow UDF, its default)',
+    'pyspark-pickled': 'PySpark (pickled UDF, Arrow off)',
+    'pyflink': 'PyFlink (its defaults)',
+}
+HEADER = ('| offered/s | system | counted/s | kept up | p50 (s) | p99 (s) '
+          '| cores | CPU s per M events | micro-batch ms mean (max) '
+          '| load before-after |')
+
+
+def table(results: list[dict]) -> list[str]:
+  """The results as Markdown table lines: a row per system and rate, kept
+  up or not, with the 1-minute load average before and after its run."""
+  lines = [HEADER, '|' + '---|' * HEADER.count(' | ') + '---|']
+  for r in results:
+    label = LABELS.get(r['variant'], r['variant'])
+    load = f'{r["load_before"]:.1f}-{r["load_after"]:.1f}'
+    if 'error' in r:
+      reason = r['error'].strip().splitlines()[-1:] or ['?']
+      lines.append(f'| {r["rate"]:,.0f} | {label} | - | no ({reason[0][-80:]})'
+                   f' | | | | | | {load} |')
+      continue
+    batches = (f'{r["batch_mean_ms"]:.0f} ({r["batch_max_ms"]:.0f})'
+               if 'batch_mean_ms' in r and 'batch_max_ms' in r else '')
+    lines.append(
+        f'| {r["rate"]:,.0f} | {label} | {r["records_per_sec"]:,.0f} '
+        f'| {"yes" if r["kept_up"] else "no"} | {r["latency_p50"]:.2f} | '
+        f'{r["latency_p99"]:.2f} | {r["cores"]:.2f} | '
+        f'{r["cpu_secs_per_million"]:.1f} | {batches} | {load} |')
+  return lines
+
+
+def run_variant(variant: str, rate: float, args, python: str) -> dict:
+  """One (variant, rate) in a fresh process, summarized (an error row if
+  it failed or counted nothing after its warm-up)."""
+  stats = None
+  for attempt in range(2):
+    try:
+      stats = run_once(variant, rate, args.seconds, args.lead, args.master,
+                       python, args.ours_flag)
+      row = summarize(stats, rate, args.seconds, args.warmup, variant)
+    except RuntimeError as exn:
+      row = {'error': str(exn)[-400:]}
+      # Spark waits 10 s at most for a Python process it starts (its
+      # streaming source's): on a loaded machine, once more.
+      if 'failed to connect back' in str(exn) and attempt == 0:
+        print(f'{variant} at {rate}/s: Spark\'s Python worker did '
+              'not connect back in time; once more', flush=True)
+        continue
+    break
+  if 'error' not in row:  # the raw data, for another summary
+    row['raw'] = {k: stats[k] for k in ('start', 'panes', 'cpu',
+                                        'micro_batches') if k in stats}
+  else:
+    row['kept_up'] = False
+    # How it ran, from inside it, even when it counted nothing in time.
+    row.update({k: stats[k] for k in HOW if k in (stats or {})})
+  return row
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--rates', default='1000,10000,50000')
+  parser.add_argument('--rates', default='100000,200000,400000,800000')
   parser.add_argument('--seconds', type=float, default=45)
   parser.add_argument('--warmup', type=float, default=15)
   parser.add_argument('--lead', type=float, default=25,
                       help='ours: seconds from the job start to the events')
   parser.add_argument('--repeats', type=int, default=1)
-  parser.add_argument('--variants', default='ours,pyspark,pyflink')
+  parser.add_argument('--variants', default=','.join(VARIANTS),
+                      help=f'any of {", ".join(VARIANTS)}')
   parser.add_argument('--master', default='local[2]')
-  parser.add_argument('--flink-python', default='/tmp/flinkvenv/bin/python')
+  parser.add_argument('--flink-python', default=FLINK_PYTHON,
+                      help='a Python with apache-flink (make bench-flink)')
   parser.add_argument('--ours-flag', action='append', default=[],
                       help='an extra pipeline option for ours (repeatable)')
   parser.add_argument('--json', help='Also write the results here.')
   args = parser.parse_args(argv)
   rates = [float(r) for r in args.rates.split(',')]
   variants = args.variants.split(',')
+  unknown = [v for v in variants if v not in VARIANTS]
+  if unknown:
+    parser.error(f'unknown variant(s) {unknown}: any of {list(VARIANTS)}')
+  if 'pyflink' in variants and not os.path.exists(args.flink_python):
+    parser.error(f'no {args.flink_python} for pyflink: `make bench-flink` '
+                 'makes one, or pass --flink-python, or leave pyflink out '
+                 'of --variants')
+  if any(v.startswith('pyspark') for v in variants):
+    try:
+      import pandas  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+      import pyarrow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError as exn:
+      parser.error(f'{exn}: the PySpark peer runs as PySpark users install '
+                   "it (pyspark[sql]: pyarrow, pandas); pip install -e "
+                   "'.[bench]'")
   results, turn = [], 0
   for rate in rates:
     for repeat in range(args.repeats):
@@ -358,41 +342,23 @@ def main(argv=None) -> None:
         python = (args.flink_python if variant == 'pyflink' else
                   sys.executable)
         started = time.monotonic()
-        for attempt in range(2):
-          try:
-            stats = run_once(variant, rate, args.seconds, args.lead,
-                             args.master, python, args.ours_flag)
-            row = summarize(stats, rate, args.seconds, args.warmup, variant)
-          except RuntimeError as exn:
-            row = {'error': str(exn)[-400:]}
-            # Spark waits 10 s at most for a Python process it starts (its
-            # streaming source's): on a loaded machine, once more.
-            if 'failed to connect back' in str(exn) and attempt == 0:
-              print(f'{variant} at {rate}/s: Spark\'s Python worker did '
-                    'not connect back in time; once more', flush=True)
-              continue
-          break
-        if 'error' not in row:  # the raw data, for another summary
-          row['raw'] = {k: stats[k] for k in ('start', 'panes', 'cpu')}
+        load_before = os.getloadavg()[0]
+        row = run_variant(variant, rate, args, python)
         row.update(variant=variant, rate=rate, repeat=repeat,
                    process_secs=time.monotonic() - started,
-                   load=os.getloadavg()[0])
+                   load_before=load_before, load_after=os.getloadavg()[0])
         results.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != 'raw'},
                          sort_keys=True), flush=True)
   print()
-  print('| offered/s | system | counted/s | kept up | p50 (s) | p99 (s) '
-        '| cores | CPU s per M events | load |')
-  print('|---|---|---|---|---|---|---|---|---|')
-  for r in results:
-    if 'error' in r:
-      print(f'| {r["rate"]:.0f} | {r["variant"]} | error: '
-            f'{r["error"][-80:]!r} ||||||')
-      continue
-    print(f'| {r["rate"]:.0f} | {r["variant"]} | {r["records_per_sec"]:.0f} '
-          f'| {"yes" if r["kept_up"] else "no"} | {r["latency_p50"]:.2f} | '
-          f'{r["latency_p99"]:.2f} | {r["cores"]:.2f} | '
-          f'{r["cpu_secs_per_million"]:.1f} | {r["load"]:.0f} |')
+  for variant in variants:  # how each peer ran, from inside it
+    for r in results:
+      how = {k: r[k] for k in HOW if k in r}
+      if r['variant'] == variant and how:
+        print(f'{variant}: {json.dumps(how, sort_keys=True)}')
+        break
+  print()
+  print('\n'.join(table(results)))
   if args.json:
     with open(args.json, 'w', encoding='utf-8') as f:
       json.dump(results, f, indent=1)

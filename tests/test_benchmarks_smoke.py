@@ -96,3 +96,71 @@ def test_a_load_test_on_our_runner_and_by_hand(sc):
       MetricsFilter().with_name('name-0'))['counters']
   assert counter.committed == records * 10
   synthetic.JOBS[test.job](sc, options)
+
+
+def test_streaming_peers_run_as_their_users_run_them():
+  # benchmarks/streaming_throughput.py's PySpark rows, a second of events
+  # each, the two side by side (a JVM each: their start-up is the cost):
+  # the default row's key UDF is Arrow-evaluated in Python workers that
+  # have pyarrow (Spark 4's default with pyspark[sql]), the second row's
+  # pickled; run_once fails a run whose plan shows otherwise.
+  from concurrent.futures import ThreadPoolExecutor
+  from benchmarks import streaming_throughput as st
+  rate, seconds = 1000, 1
+  load = os.getloadavg()[0]
+  variants = {'pyspark': ('ArrowEvalPython', 'true'),
+              'pyspark-pickled': ('BatchEvalPython', 'false')}
+  with ThreadPoolExecutor(len(variants)) as pool:
+    runs = {v: pool.submit(st.run_once, v, rate, seconds, 0, 'local[2]',
+                           sys.executable, []) for v in variants}
+    runs = {v: run.result() for v, run in runs.items()}
+  rows = []
+  for variant, (evaluated, arrow) in variants.items():
+    stats = runs[variant]
+    assert stats['udf_eval'] == evaluated, stats['log_tail']
+    assert stats['arrow_enabled'] == arrow
+    assert stats['worker'].startswith(sys.executable + ' pyarrow ')
+    assert stats['panes'] and all(n > 0 for _, _, n in stats['panes'])
+    # Its row parses, counted in time or not (this machine may be busy).
+    row = st.summarize(stats, rate, seconds, 0, variant)
+    row.update(variant=variant, rate=rate, load_before=load,
+               load_after=os.getloadavg()[0], kept_up=row.get('kept_up'))
+    rows.append(row)
+  header, rule, *lines = st.table(rows)
+  assert len(lines) == 2
+  for variant, line in zip(variants, lines):
+    assert line.count('|') == header.count('|') == rule.count('|')
+    assert line.startswith(f'| 1,000 | {st.LABELS[variant]} | ')
+
+
+def test_streaming_profile_fits_fixed_and_per_event_costs():
+  # Two steady runs whose micro-batches cost 300 ms + 2 us an event of
+  # wall time and 400 CPU-ms + 5 CPU-us an event: the line through them
+  # gives those back.
+  from benchmarks import streaming_profile as sp
+
+  def run(rate):
+    events = 0.3 * rate / (1 - 2e-6 * rate)  # steady: a batch reads its own
+    secs = 0.3 + 2e-6 * events               # duration's events
+    ends = [(100 + 8 + i * secs, secs) for i in range(1, 11)]
+    cpu = [(100 + t / 1000, (0.4 / secs + 5e-6 * rate) * t / 1000)
+           for t in range(0, 20000)]
+    # Each micro-batch's timer wave fires the windows it counted.
+    panes = [(at - 1, at - 0.01, events) for at, _ in ends]
+    return sp.steady({'start': 100, 'micro_batches': ends, 'cpu': cpu,
+                      'panes': panes}, rate, 30, 8)
+  low, high = run(50000), run(100000)
+  assert low['batches'] == high['batches'] == 9
+  # Before the events (at 100 s), micro-batches of 250 ms that read
+  # nothing, at 0.3 CPU-s each.
+  quiet = sp.idle({'start': 100,
+                   'micro_batches': [(90 + i / 4, 0.25) for i in range(20)],
+                   'cpu': [(90 + t / 100, 0.3 * 4 * t / 100)
+                           for t in range(2000)]})
+  assert quiet['idle_batches'] == 19
+  assert quiet['idle_batch_ms'] == 250
+  assert abs(quiet['idle_cpu_ms_per_batch'] - 300) < 5
+  fixed, per_event = sp.fit(low, high, 'batch_ms')
+  assert abs(fixed - 300) < 1 and abs(per_event - 2e-3) < 1e-5
+  fixed_cpu, per_event_cpu = sp.fit(low, high, 'cpu_ms_per_batch')
+  assert abs(fixed_cpu - 400) < 5 and abs(per_event_cpu - 5e-3) < 1e-4
