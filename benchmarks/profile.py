@@ -95,12 +95,13 @@ def classify(frames: list[tuple[str, str]]) -> str:
   return OTHER
 
 
-def parse_raw(path: str):
+def parse_raw(path: str, commands: bool = False):
   """py-spy's raw (collapsed) format: ``frame;frame;... count`` per line.
 
   With --subprocesses a stack starts with one ``process PID:"cmd"`` frame
   per ancestor: the daemon, then (for a forked worker) the worker.
-  Yields (pid chain, [(function, file)], count).
+  Yields (pid chain, [(function, file)], count); with ``commands`` each
+  pid of the chain is (pid, its command line).
   """
   with open(path, encoding='utf-8', errors='replace') as f:
     for line in f:
@@ -108,10 +109,13 @@ def parse_raw(path: str):
       if not line:
         continue
       stack, _, count = line.rpartition(' ')
+      if not count.isdigit():  # not a stack (py-spy's notes)
+        continue
       parts = stack.split(';')
       pids = []
       while parts and parts[0].startswith('process '):
-        pids.append(parts.pop(0).split(':', 1)[0][len('process '):])
+        pid, _, cmd = parts.pop(0)[len('process '):].partition(':')
+        pids.append((pid, cmd) if commands else pid)
       frames = []
       for part in parts:
         # "function (file:line)" or "function (file)"

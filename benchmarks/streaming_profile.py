@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 
+from benchmarks import profile
 from benchmarks import streaming_throughput as st
 
 
@@ -155,27 +156,9 @@ class PySpyLater:
 
 
 def parse_raw(path: str):
-  """py-spy's raw format, ``frame;frame;... count`` a line; with
-  --subprocesses a stack starts with a ``process PID:"cmd"`` frame per
-  Python ancestor. Yields ([(pid, cmd)], [(function, file)], count)."""
-  with open(path, encoding='utf-8', errors='replace') as f:
-    for line in f:
-      line = line.rstrip('\n')
-      if not line:
-        continue
-      stack, _, count = line.rpartition(' ')
-      if not count.isdigit():  # not a stack (py-spy's notes)
-        continue
-      parts = stack.split(';')
-      pids = []
-      while parts and parts[0].startswith('process '):
-        pid, _, cmd = parts.pop(0)[len('process '):].partition(':')
-        pids.append((pid, cmd))
-      frames = []
-      for part in parts:
-        fn, _, rest = part.partition(' (')
-        frames.append((fn, rest.rstrip(')').rsplit(':', 1)[0]))
-      yield tuple(pids), frames, int(count)
+  """py-spy's raw format (``benchmarks.profile.parse_raw``), each pid of a
+  stack's chain with its command line."""
+  return profile.parse_raw(path, commands=True)
 
 
 def short(path: str) -> str:

@@ -38,13 +38,14 @@ _EMIT_SOURCE = '/Read/EmitSource'
 _INNER = ('/Write/WriteImpl/', '/ParDo(_')
 
 
-def relative_outputs(pipeline: beam_runner_api_pb2.Pipeline
-                     ) -> list[tuple[str, str]]:
-  """(transform name, path) of each Python file output named by a
-  relative local path, a path at most once."""
+def _pickled_dofns(pipeline: beam_runner_api_pb2.Pipeline):
+  """(transform, fn, args, kwargs) of each ParDo of a pickled Python DoFn
+  that unpickles here (a user's module not importable here is skipped:
+  best effort), by name (a path named twice is reported once, by its
+  first transform's name whatever the proto map's order)."""
   from apache_beam.internal import pickler
-  found: dict[str, str] = {}
-  for transform in pipeline.components.transforms.values():
+  transforms = pipeline.components.transforms
+  for transform in sorted(transforms.values(), key=lambda t: t.unique_name):
     if transform.spec.urn != _PAR_DO:
       continue
     payload = beam_runner_api_pb2.ParDoPayload.FromString(
@@ -54,7 +55,16 @@ def relative_outputs(pipeline: beam_runner_api_pb2.Pipeline
     try:
       fn, args, kwargs = pickler.loads(payload.do_fn.payload)[:3]
     except Exception:  # pylint: disable=broad-except
-      continue  # e.g. the user's module not importable here
+      continue
+    yield transform, fn, args, kwargs
+
+
+def relative_outputs(pipeline: beam_runner_api_pb2.Pipeline
+                     ) -> list[tuple[str, str]]:
+  """(transform name, path) of each Python file output named by a
+  relative local path, a path at most once."""
+  found: dict[str, str] = {}
+  for transform, fn, args, kwargs in _pickled_dofns(pipeline):
     for path in _paths(fn, list(args or ()) + list((kwargs or {}).values())):
       if _relative(path):
         found.setdefault(path, _outer(transform.unique_name))
@@ -67,19 +77,9 @@ def relative_inputs(pipeline: beam_runner_api_pb2.Pipeline
   Avro, Parquet, TFRecord: Beam's ``FileBasedSource``) named by a
   relative local path, a pattern at most once. Its ``Read`` transform is
   in the closure of the function of the read's EmitSource DoFn."""
-  from apache_beam.internal import pickler
   found: dict[str, str] = {}
-  for transform in pipeline.components.transforms.values():
-    if (transform.spec.urn != _PAR_DO or
-        not transform.unique_name.endswith(_EMIT_SOURCE)):
-      continue
-    payload = beam_runner_api_pb2.ParDoPayload.FromString(
-        transform.spec.payload)
-    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:
-      continue
-    try:
-      fn = pickler.loads(payload.do_fn.payload)[0]
-    except Exception:  # pylint: disable=broad-except
+  for transform, fn, _, _ in _pickled_dofns(pipeline):
+    if not transform.unique_name.endswith(_EMIT_SOURCE):
       continue
     for source in _closed_over(getattr(fn, '_fn', None), FileBasedSource):
       pattern = _get(getattr(source, '_pattern', None))
