@@ -704,10 +704,16 @@ def test_an_option_class_defined_after_the_first_page_is_not_shown_as_set():
     def _add_argparse_args(cls, parser):
       parser.add_argument('--late_option_with_a_default', default='dflt')
       parser.add_argument('--late_number', type=int, default=3)
+      # (as tests/test_options_and_side_inputs.py's, which CI's workers all
+      # collect: its default came as '!' and read as set)
+      parser.add_value_provider_argument(
+          '--late_provider', type=str, default='!')
 
   job = types.SimpleNamespace(options=sent(['--job_name=second']))
   assert 'beam:option:late_option_with_a_default:v1' in job.options
+  assert job.options['beam:option:late_provider:v1'] == '!'
   assert jobdata.set_options(job) == {'job_name': 'second'}
   job = types.SimpleNamespace(options=sent(
-      ['--job_name=third', '--late_number=4']))
-  assert jobdata.set_options(job) == {'job_name': 'third', 'late_number': '4'}
+      ['--job_name=third', '--late_number=4', '--late_provider=?']))
+  assert jobdata.set_options(job) == {
+      'job_name': 'third', 'late_number': '4', 'late_provider': '?'}

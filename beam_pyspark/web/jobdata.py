@@ -239,6 +239,10 @@ def set_options(job) -> dict:
 
 
 def _same(default, value) -> bool:
+  # A value-provider option's default is a RuntimeValueProvider holding
+  # it: Beam's client sends the default's value (its encode_pipeline_options
+  # reads a provider's value where it has one).
+  default = getattr(default, 'default_value', default)
   # The Job API carries numbers as doubles (a Struct): 1 arrives as 1.0.
   if default is None:
     return value is None or value is False or value in ('', [], {})
