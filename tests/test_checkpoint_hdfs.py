@@ -139,7 +139,8 @@ def test_the_readme_streaming_example_on_hdfs_is_exact_with_every_core_busy(
     tmp_path, hdfs):
   """The README's streaming example (examples/streaming_counts.py, in a
   process of its own as a user runs it), checkpointed on HDFS (Spark's
-  query checkpoint too), while 8 CPU-bound processes keep both cores busy.
+  query checkpoint too), while CPU-bound processes (cpu_load) keep both
+  cores busy.
   Its query's first start fails as Spark's own does on a loaded machine
   (the source's Python process does not connect back within Spark's 10 s,
   cpu_load.slow_first_source_python): the job starts it again after a

@@ -183,7 +183,7 @@ def test_a_streaming_kafka_read_checkpointed_on_s3_is_exact_with_every_core_busy
     broker, kafka_service, tmp_path):
   """A streaming job (--streaming: the streaming engine, micro-batches)
   reads the seeded topic through KafkaIO's Java expansion, its checkpoint
-  on an S3 server (moto), in a driver of its own, while 8 CPU-bound
+  on an S3 server (moto), in a driver of its own, while CPU-bound
   processes keep both cores busy (at load 30-90 streaming jobs failed
   before their first micro-batch: spark.querystarts): every record once,
   and each key's count, as Kafka holds them."""
