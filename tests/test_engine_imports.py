@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+# (Run with 'unlocked' by hand, the same loads fail in most fresh
+# interpreters here: "cannot import name 'write_int' from partially
+# initialized module 'pyspark.serializers'"; not a test: a race.)
 PROGRAM = r'''
 import sys, threading
 from beam_pyspark import engine
@@ -49,8 +52,3 @@ def test_engines_loaded_by_many_threads_at_once_all_load(attempt):
   del attempt  # three fresh interpreters: the race is a matter of timing
   assert run('locked') == 'ERRORS [] REMOTE_ONLY False'
 
-
-def test_without_the_lock_the_same_loads_can_fail():
-  """What the lock prevents, seen on this machine: not asserted (a race
-  may not happen in one run), printed for whoever reads the log."""
-  print(run('unlocked'))
