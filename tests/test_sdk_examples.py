@@ -427,13 +427,18 @@ def _connected(proc) -> bool:
 
 
 class _Harnesses(threading.Thread):
-  """Strikes the SDK harness processes whose command line holds ``mark``
-  (a Java FnHarness, a Go worker) once each is connected and has run
-  ``after`` seconds of CPU (in its bundles, not booting): ``sig`` SIGKILL,
-  or SIGSTOP (a harness that hangs; continued and killed at ``stop``)."""
+  """Strikes the SDK harness processes under the process ``root`` (the job
+  server's) whose command line holds ``mark`` (a Java FnHarness, a Go
+  worker) once each is connected and has run ``after`` seconds of CPU (in
+  its bundles, not booting): ``sig`` SIGKILL, or SIGSTOP (a harness that
+  hangs; continued and killed at ``stop``). Only the root's descendants: a
+  harness of another test's job server (CI runs tests side by side) is not
+  this test's to strike; one struck made a Kafka streaming test fail."""
 
-  def __init__(self, mark: str, sig: int, after: float, most: int = 1):
+  def __init__(self, root: int, mark: str, sig: int, after: float,
+               most: int = 1):
     super().__init__(daemon=True)
+    self.root = root
     self.mark, self.sig, self.after, self.most = mark, sig, after, most
     self.struck: list[int] = []
     self.done = threading.Event()
@@ -441,10 +446,14 @@ class _Harnesses(threading.Thread):
   def run(self):
     import psutil
     while not self.done.wait(0.1) and len(self.struck) < self.most:
-      for proc in psutil.process_iter(['pid', 'cmdline']):
+      try:
+        procs = psutil.Process(self.root).children(recursive=True)
+      except psutil.Error:
+        return
+      for proc in procs:
         try:
           if (proc.pid not in self.struck and
-              self.mark in ' '.join(proc.info['cmdline'] or ()) and
+              self.mark in ' '.join(proc.cmdline() or ()) and
               sum(proc.cpu_times()[:2]) >= self.after and _connected(proc)):
             os.kill(proc.pid, self.sig)
             self.struck.append(proc.pid)
@@ -539,7 +548,7 @@ def test_a_harness_killed_or_hung_mid_job_never_ends_short(
   bundle ran again on a new harness) or FAILED saying why; never short."""
   path, expected = big_text
   mark, after, name, run = _SDKS[sdk]
-  strike = _Harnesses(mark, sig, after=after)
+  strike = _Harnesses(server.proc.pid, mark, sig, after=after)
   strike.start()
   try:
     returncode, log, got = run(server, path, str(tmp_path / 'out'))
