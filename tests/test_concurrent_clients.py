@@ -104,13 +104,23 @@ def test_twenty_concurrent_wordcounts_two_rounds_all_correct(
 
   for round_ in range(ROUNDS):
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
-      outputs = list(pool.map(lambda i: client(round_, i), range(CLIENTS)))
+      futures = [pool.submit(client, round_, i) for i in range(CLIENTS)]
+    # Every client's end, then one assertion naming each failure: a CI
+    # failure of this test once said only its first exception.
+    raised = {i: repr(f.exception())[:2000] for i, f in enumerate(futures)
+              if f.exception() is not None}
+    assert not raised, (
+        f'round {round_}: {len(raised)} clients raised: {raised}\n'
+        f'{server.log()[-8000:]}')
+    outputs = [f.result() for f in futures]
     wrong = {o: c for o in outputs if (c := _counts(o)) != expected}
-    assert not wrong, f'round {round_}: {len(wrong)} wrong outputs'
+    assert not wrong, (f'round {round_}: {len(wrong)} wrong outputs: {wrong}'
+                       f' (expected {expected})\n{server.log()[-8000:]}')
   jobs = server.job_stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
   # The history keeps the last ten ended jobs, all DONE.
-  assert len(jobs) == 10
-  assert {j.state for j in jobs} == {beam_job_api_pb2.JobState.DONE}
+  assert len(jobs) == 10, [(j.job_name, j.state) for j in jobs]
+  assert {j.state for j in jobs} == {beam_job_api_pb2.JobState.DONE}, [
+      (j.job_name, j.state) for j in jobs]
   assert 'NOT_FOUND' not in server.log()
 
 
