@@ -97,13 +97,19 @@ def _status(server, job_id) -> dict:
     return json.load(r)
 
 
-def _wait(what, until, server, timeout=300, every=1.0):
+def _wait(what, until, server, timeout=300, every=1.0, job_id=None):
+  """Polls ``until`` while the server lives and, given ``job_id``, while
+  its job has not failed (a failed job is said at once, not at the
+  timeout)."""
   deadline = time.monotonic() + timeout
   while True:
     found = until()
     if found:
       return found
     assert server.proc.poll() is None, server.log()
+    if job_id is not None:
+      assert _state(server, job_id) not in (
+          JobState.FAILED, JobState.CANCELLED), f'{what}:\n{server.log()}'
     assert time.monotonic() < deadline, f'{what}:\n{server.log()}'
     time.sleep(every)
 
@@ -177,12 +183,12 @@ def test_streaming_kafka_job_counts_exactly_across_a_job_server_kill(
 
     # Windows fire while the producer writes.
     _wait('no window fired while the producer wrote',
-          lambda: job.read_counts(str(out)), first)
+          lambda: job.read_counts(str(out)), first, job_id=job_id)
     assert producer.process.poll() is None
     # SIGKILL after a micro-batch committed past the first output.
     seen = _committed(checkpoint)
     _wait('no micro-batch committed', lambda: _committed(checkpoint) > seen,
-          first)
+          first, job_id=job_id)
     first.proc.kill()
     first.proc.wait(30)
     killed_at = _committed(checkpoint)
@@ -218,7 +224,7 @@ def test_streaming_kafka_job_counts_exactly_across_a_job_server_kill(
     # before it stays unread: the drain comes after the catch-up, as a
     # user's would.
     _wait('the job did not catch up with the producer',
-          lambda: _last_panes(out) == expected, second)
+          lambda: _last_panes(out) == expected, second, job_id=job_id)
     second.job_stub.Drain(beam_job_api_pb2.DrainJobRequest(job_id=job_id))
     _wait('the job did not drain',
           lambda: _state(second, job_id) == JobState.DRAINED, second)
