@@ -236,3 +236,67 @@ def test_only_the_dofn_alone_without_data_in_the_global_window():
     # after the read (its own stage's input is still global).
     found = sequence.SequenceRead.of(descriptor)
     assert (found is None) == (data is not None), (data, windowing)
+
+
+def test_compact_chunks_are_the_elements_their_bytes_hold(read_stage,
+                                                          monkeypatch):
+  """A read told its consumers take compact chunks (``Limits.compact``)
+  outputs ``Offsets``: encoded with the output coder they are the bytes it
+  outputs otherwise, byte for byte; their elements are what those bytes
+  decode to; they survive pickling (Spark moves them); and a stage run by
+  the harness that is handed them reads their bytes (StageRunner)."""
+  import pickle
+  _, runtime, stage = read_stage
+  now = time.time()
+  seq = (now - 100.0, now - 1.0, 0.001)  # 99,000 due: chunks of 8,192
+  element = _element(runtime, stage, seq, OffsetRange(0, 99_000))
+  read = sequence.SequenceRead.of(beam_fn_api_pb2.ProcessBundleDescriptor.
+                                  FromString(stage.descriptor))
+  frozen = _Frozen(now)
+  monkeypatch.setattr(sequence, 'time', frozen)
+  got = {}
+  for compact in (False, True):
+    got[compact] = list(read.read(
+        element, endpoints.Limits(20_000, 30.0, compact=compact), 'e1'))
+  monkeypatch.undo()
+  plain, compact = got[False], got[True]
+  assert [t for t, _ in plain] == [t for t, _ in compact]
+  assert vars(plain[-1][1]) == vars(compact[-1][1])  # the same residual
+  chunks = [c for t, c in compact if t != endpoints.RESIDUAL_TAG]
+  assert len(chunks) == 3 and all(
+      type(c) is sequence.Offsets for c in chunks)  # pylint: disable=unidiomatic-typecheck
+  impl = read._out  # pylint: disable=protected-access
+  for (_, data), chunk in zip(plain, chunks):
+    assert chunk.encode(impl) == data and len(chunk) == len(data)
+    assert list(chunk.elements()) == list(decode_all(impl, [data]))
+    again = pickle.loads(pickle.dumps(chunk))
+    assert again.encode(impl) == data
+  # The stage reading the read's output, run by Beam's harness on compact
+  # chunks and on their bytes: the same output.
+  p = beam.Pipeline()
+  _ = (p | PeriodicImpulse(start_timestamp=0.0, stop_timestamp=1.0,
+                           fire_interval=0.5)
+       | beam.Map(lambda t: (int(t) % 3, t))
+       | beam.WindowInto(window.FixedWindows(1)) | beam.GroupByKey())
+  plan = plan_pipeline(p.to_runner_api(
+      default_environment=environments.EmbeddedPythonEnvironment.default()),
+                       streaming=True)
+  (consumer, ) = [s for s in plan.stages if s.kind == 'sdk' and any(
+      'Map(<lambda at test_sequence' in name for name in s.transform_names)]
+  (input_id, ) = consumer.inputs
+  job_id = f'sequence-{uuid.uuid4().hex[:8]}'
+  runtime = JobRuntime(job_id, plan.components)
+  outputs = {}
+  try:
+    for records in ([(input_id, c) for c in chunks],
+                    [(input_id, d) for t, d in plain
+                     if t != endpoints.RESIDUAL_TAG]):
+      runner = StageRunner(job_id, runtime, consumer)
+      outputs[type(records[0][1])] = [
+          wv.value for tag, data in runner.run(records)
+          for wv in decode_all(
+              runtime.coder_impl(consumer.output_coders[tag]), [data])]
+  finally:
+    harnesses.release_job(job_id)
+  assert len(outputs[bytes]) == 20_000
+  assert outputs[sequence.Offsets] == outputs[bytes]

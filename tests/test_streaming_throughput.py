@@ -74,6 +74,14 @@ def test_unbounded_read_output_is_spread_and_its_consumers_take_the_fast_path():
       plan, JobRuntime('throughput-test', plan.components), reads.splittable)
   assert consumer.name in chosen, note
   assert read.name not in chosen
+  # Its read hands its chunks on compact (worker.sequence.Offsets), through
+  # the Spread, to the fast path; not when a harness reads them (then the
+  # read encodes), nor as a side input.
+  consumers = plan.consumers()
+  assert streamreads.compact_output(read, consumers, chosen, set())
+  assert not streamreads.compact_output(read, consumers, {}, set())
+  assert not streamreads.compact_output(read, consumers, chosen,
+                                        set(spread.outputs.values()))
   # A batch job's bounded reads are not moved.
   assert not any('/Spread' in ''.join(s.transform_names)
                  for s in _plan(streaming=False).stages)

@@ -388,8 +388,7 @@ class StreamingPipelineJob(SparkPipelineJob):
         **self._keyed.snapshot(),
         'held': dict(self._held),
         'held_at': dict(self._held_at),
-        'first_wave': self._first_wave,
-        'now': self._now,
+        'first_wave': self._first_wave, 'now': self._now,
         'arrival': self._arrival,
         'metrics': metrics,
         'endpoints': self._endpoints.renamed(self._checkpoint.stable_name),
@@ -420,7 +419,8 @@ class StreamingPipelineJob(SparkPipelineJob):
     if stage.side_inputs and not stage.stateful:
       side_watermarks = self._nodes.side_watermarks(stage)
       self._held_at[node] = tuple(sorted(side_watermarks.items()))
-    limits = self._reads.limits(node)
+    limits = self._reads.limits(node, streamreads.compact_output(  # Offsets
+        stage, self._consumers, self._fast, self._side_buffer_ids))
     wave = tasks.StreamWave(node, self._clocks(node), states,
                             self._checkpoint.location, side_watermarks,
                             serial=self._waves, batch=self._committed + 1,

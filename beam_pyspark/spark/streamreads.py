@@ -18,6 +18,7 @@ from apache_beam.portability.api import beam_fn_api_pb2
 
 from beam_pyspark.errors import PipelineExecutionError
 from beam_pyspark.options import RunnerOptions
+from beam_pyspark.planning import readbreak
 from beam_pyspark.planning.plan import ExecutionPlan
 from beam_pyspark.planning.plan import StagePlan
 from beam_pyspark.streaming.endpoints import EndpointBook
@@ -101,17 +102,20 @@ class StreamReads:
     """After the batch's first wave: its grants are spent."""
     self.granted = {}
 
-  def limits(self, node: str) -> Optional[worker_endpoints.Limits]:
+  def limits(self, node: str, compact: bool = False
+             ) -> Optional[worker_endpoints.Limits]:
     """A splittable stage's limits for new restrictions (not endpoints
     yet): at most the batch's budget, for at most the read time, in their
-    first bundle (draining: the time only)."""
+    first bundle (draining: the time only). ``compact``: its output may
+    be ``worker.sequence.Offsets`` (``compact_output``)."""
     if node not in self.splittable:
       return None
     options = self.options
     if self.drained is not None:
       return worker_endpoints.Limits(None, options.read_secs)
     return worker_endpoints.Limits(options.records_per_batch,
-                                   options.read_secs, options.bytes_per_batch)
+                                   options.read_secs, options.bytes_per_batch,
+                                   compact)
 
   def granted_records(self, stage: StagePlan) -> list:
     """The stage's granted endpoints as input records."""
@@ -156,6 +160,44 @@ class StreamReads:
         self.book.add(node, r.input_id, r.element, r.watermark, r.resume_at,
                       r.backlog, r.parent, r.busy, r.position)
     return self.book.hold(node)
+
+
+def compact_output(stage: StagePlan, consumers: dict, fast: dict,
+                   side_buffers: set) -> bool:
+  """Whether a splittable stage may hand its output on as compact chunks
+  (``worker.sequence.Offsets``, if it is a PeriodicImpulse read): its one
+  output read only by fast-path stages (``fastpath._Input`` reads the
+  chunks; a harness that takes a stage over encodes them, ``StageRunner``),
+  directly or through the Reshuffle ``planning.readbreak`` adds (it deals
+  chunks whole and moves its input's bytes as they are)."""
+  if len(stage.outputs) != 1:
+    return False
+  (buffer_id, ) = stage.outputs.values()
+  return _read_compact(buffer_id, consumers, fast, side_buffers)
+
+
+def _read_compact(buffer_id: bytes, consumers: dict, fast: dict,
+                  side_buffers: set) -> bool:
+  """Whether every reader of a PCollection's buffer (not a GroupByKey's
+  input, whose records a task keys, nor a side input, collected as bytes)
+  reads compact chunks."""
+  readers = consumers.get(buffer_id, ())
+  if (not readers or not buffer_id.startswith(b'materialize:') or
+      buffer_id in side_buffers):
+    return False
+  for reader in readers:
+    if (reader.kind == 'reshuffle' and len(reader.outputs) == 1 and
+        readbreak.spreads_chunks(reader.transform_names) and
+        not reader.sized and not reader.keeps_keys and
+        list(reader.input_coders.values()) == list(
+            reader.output_coders.values())):
+      (spread, ) = reader.outputs.values()
+      if not _read_compact(spread, consumers, fast, side_buffers):
+        return False
+    elif not (reader.kind == 'sdk' and not reader.stateful and
+              reader.name in fast):
+      return False
+  return True
 
 
 def finalize_committed(sc, job_id: str, committed: int) -> None:

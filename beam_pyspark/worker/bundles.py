@@ -176,9 +176,13 @@ class StageRunner:
           yield from self._limited_bundle(
               {data.input_id: [data.element]}, {},
               endpoints.Limits(data.grant, self._limits.secs,
-                               data.grant_bytes), data.endpoint_id,
-              data.split)
+                               data.grant_bytes, self._limits.compact),
+              data.endpoint_id, data.split)
           continue
+        if type(data) is sequence.Offsets:  # pylint: disable=unidiomatic-typecheck
+          # A sequence read's compact chunk, here read by a harness.
+          data = data.encode(sequence.port_impl(self._descriptor,
+                                                transform_id))
         pending.setdefault(transform_id, []).append(data)
         size += len(data)
         if size >= self.bundle_bytes:

@@ -51,10 +51,12 @@ class Limits:
   """How long a streaming splittable bundle may run before the runner
   checkpoints it: ``records`` output elements of the splittable DoFn (None:
   no limit), ``secs`` seconds, ``size`` bytes of output (as Beam samples
-  element sizes; None: no limit)."""
+  element sizes; None: no limit). ``compact``: a sequence read may output
+  its chunks as ``worker.sequence.Offsets`` (its consumers read them)."""
   records: Optional[int]
   secs: float
   size: Optional[int] = None
+  compact: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

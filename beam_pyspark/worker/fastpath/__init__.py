@@ -74,6 +74,7 @@ from beam_pyspark.worker.fastpath.metrics import Tracker
 from beam_pyspark.worker.inputs import InputFailed
 from beam_pyspark.worker.reads import read_split
 from beam_pyspark.worker.runtime import JobRuntime
+from beam_pyspark.worker.sequence import Offsets
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -113,6 +114,11 @@ class _Input:
     self.at: tuple = (b'', 0)
 
   def _decode(self, data: bytes) -> Iterator:
+    if type(data) is Offsets:  # pylint: disable=unidiomatic-typecheck
+      if not self._raw:  # a sequence read's chunk: its elements as they are
+        yield from data.elements()
+        return
+      data = data.encode(self._impl)
     stream = create_InputStream(data)
     decode = self._impl.decode_from_stream
     if self._raw:
