@@ -4,14 +4,15 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Two pytest-xdist workers, a test class or module to each at a time: half
-# of the suite's time is spent waiting (job servers starting, PeriodicImpulse
-# and TestStream pipelines that run for their wall-clock seconds, killed
-# drivers restarting), so two share 2 cores well (40 -> 24-26 minutes).
+# Three pytest-xdist workers, a test class or module to each at a time: most
+# of the suite's time is spent waiting (job servers and JVMs starting,
+# PeriodicImpulse and TestStream pipelines that run for their wall-clock
+# seconds, killed drivers restarting): with two, a clean-clone run used
+# 39 CPU-minutes in 62 minutes on 2 cores (a third of them), over CI's hour.
 # Longest scopes first (tests/conftest.py, tests/scope_durations.json),
 # not pytest-xdist's order by number of tests, which ran the one-test Java
 # ValidatesRunner module (~15 minutes) last, alone.
-PYTEST_WORKERS ?= --numprocesses=2 --dist=loadscope --no-loadscope-reorder
+PYTEST_WORKERS ?= --numprocesses=3 --dist=loadscope --no-loadscope-reorder
 
 .PHONY: setup sdk-typescript sdk-go sdk-java sdk-java-old sdk-python-versions sdk-xlang hdfs-minicluster connect-client demo test bench bench-kafka bench-kafka-jars clean
 

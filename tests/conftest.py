@@ -206,16 +206,15 @@ def client_log():
 
 # -- the order of scopes: longest first ----------------------------------------
 #
-# `make test` runs two pytest-xdist workers with --dist=loadscope (a test
+# `make test` runs three pytest-xdist workers with --dist=loadscope (a test
 # class, or a module's test functions, to one worker at a time) and
 # --no-loadscope-reorder, so the scopes go out in the order collected here:
 # longest first, by the seconds of a whole run (tests/scope_durations.json,
 # made by scripts/scope-durations.py). pytest-xdist's own reorder puts the
 # scopes with the most tests first, and so the Java ValidatesRunner suite
-# (one pytest test of ~15 minutes) last, alone at the end while the other
-# worker idles (the file: a run at load 30-50 on 2026-11-26; the Java
-# suite, run last at load 3, weighted as the others. Only the order
-# matters). A scope not in the file counts as a minute; tests keep
+# (one pytest test of ~10 minutes) last, alone at the end while the other
+# workers idle (the file: a clean-clone run with two workers on
+# 2026-11-29, load 5-9. Only the order matters). A scope not in the file counts as a minute; tests keep
 # their order within a scope. In one process (no xdist) the order is
 # pytest's, so module fixtures are set up once.
 _DURATIONS = os.path.join(os.path.dirname(__file__), 'scope_durations.json')
