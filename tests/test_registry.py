@@ -299,6 +299,46 @@ def test_history_is_bounded_and_evicted_jobs_are_gone(api, executor):
   assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_an_ended_job_joins_the_history_as_its_state_ends(api, executor):
+  """The moment a job's DONE can be seen, the history is at its bound:
+  collecting the ended job's final metrics (slow on a loaded machine) left
+  it DONE but not yet counted, and a listing then showed eleven jobs in a
+  history of ten (tests/test_concurrent_clients.py, in CI)."""
+  stub, _ = api
+  ids = []
+  for _ in range(3):
+    job_id = _prepare(stub).preparation_id
+    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
+    executor.executions[job_id].emit(JobState.DONE)
+    ids.append(job_id)
+  last = _prepare(stub).preparation_id
+  stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=last))
+  collecting, release = threading.Event(), threading.Event()
+
+  class SlowMetrics(list):
+    def __iter__(self):
+      collecting.set()
+      release.wait(30)
+      return super().__iter__()
+
+  execution = executor.executions[last]
+  execution.committed_metrics = SlowMetrics([_counter('c', 1)])
+  ending = threading.Thread(target=execution.emit, args=(JobState.DONE, ))
+  ending.start()
+  try:
+    assert collecting.wait(30)
+    assert _state(stub, last) == beam_job_api_pb2.JobState.DONE
+    listed = [j.job_id for j in stub.GetJobs(
+        beam_job_api_pb2.GetJobsRequest()).job_info]
+    assert listed == ids[-2:] + [last]
+  finally:
+    release.set()
+    ending.join(30)
+  with pytest.raises(grpc.RpcError) as info:
+    _state(stub, ids[0])
+  assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_describe_pipeline_options_lists_every_runner_option(api):
   stub, _ = api
   names = {o.name for o in stub.DescribePipelineOptions(

@@ -153,7 +153,7 @@ class JobRegistry(Restarts):
       generation = self._get(job_id).generation
 
     def on_event(event: Event) -> None:
-      ended = False
+      ended, dropped = False, []
       with self._cond:
         job = self._jobs.get(job_id)
         # An execution the registry let go of (a new run, _detach) says
@@ -162,11 +162,12 @@ class JobRegistry(Restarts):
           return
         if isinstance(event, StateEvent):
           ended = self._append_state(job, event) and job.terminal
+          dropped = self._into_history(job_id) if ended else []
         else:
           self._append_message(job, event)
         self._cond.notify_all()
       if ended:
-        self._job_ended(job_id)
+        self._job_ended(job_id, dropped)
     return on_event
 
   # -- the lifecycle --------------------------------------------------------
@@ -310,11 +311,12 @@ class JobRegistry(Restarts):
       if execution is None and not job.terminal:
         ended = self._append_state(
             job, StateEvent(self._clock(), JobState.CANCELLED))
+        dropped = self._into_history(job_id) if ended else []
         self._cond.notify_all()
       else:
         ended = False
     if ended:
-      self._job_ended(job_id)
+      self._job_ended(job_id, dropped)
     elif execution is not None and not job.terminal:
       execution.cancel()
     with self._cond:
@@ -328,12 +330,27 @@ class JobRegistry(Restarts):
       self._append_message(job, MessageEvent(
           self._clock(), Importance.JOB_MESSAGE_ERROR, why))
       ended = self._append_state(job, StateEvent(self._clock(), state))
+      dropped = self._into_history(job.job_id) if ended else []
       self._cond.notify_all()
     if ended:
-      self._job_ended(job.job_id)
+      self._job_ended(job.job_id, dropped)
 
-  def _job_ended(self, job_id: str) -> None:
-    """Records its final metrics and trims the history."""
+  def _into_history(self, job_id: str) -> list[tuple[str, Optional[str]]]:
+    """An ended job joins the history in the same hold of the lock as its
+    terminal state (a listing between the two showed eleven jobs in a
+    history of ten); what falls out of it, for ``_job_ended`` to evict."""
+    self._finished.append(job_id)
+    return self._trim()
+
+  def _job_ended(self, job_id: str,
+                 dropped: list[tuple[str, Optional[str]]]) -> None:
+    """Records its final metrics; evicts what left the history."""
+    try:
+      self._record_final(job_id)
+    finally:
+      self._evict(dropped)
+
+  def _record_final(self, job_id: str) -> None:
     with self._cond:
       job = self._jobs.get(job_id)
       if job is None:
@@ -349,10 +366,6 @@ class JobRegistry(Restarts):
       with self._cond:
         job.final_metrics = serialized
         job.final_status = status
-    with self._cond:
-      self._finished.append(job_id)
-      dropped = self._trim()
-    self._evict(dropped)
 
   def _trim(self) -> list[tuple[str, Optional[str]]]:
     """Drops the oldest ended jobs past the history bound (caller holds the
