@@ -283,14 +283,20 @@ def test_live_metrics_while_running_and_final_after(api, executor):
       _counter('seen', 9).payload]
 
 
-def test_history_is_bounded_and_evicted_jobs_are_gone(api, executor):
-  stub, _ = api
+def _run_done(stub, executor, n: int) -> list[str]:
+  """The ids of ``n`` jobs prepared, run and DONE, in that order."""
   ids = []
-  for _ in range(5):
+  for _ in range(n):
     job_id = _prepare(stub).preparation_id
     stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
     executor.executions[job_id].emit(JobState.DONE)
     ids.append(job_id)
+  return ids
+
+
+def test_history_is_bounded_and_evicted_jobs_are_gone(api, executor):
+  stub, _ = api
+  ids = _run_done(stub, executor, 5)
   listed = [j.job_id for j in stub.GetJobs(
       beam_job_api_pb2.GetJobsRequest()).job_info]
   assert listed == ids[-3:]
@@ -305,12 +311,7 @@ def test_an_ended_job_joins_the_history_as_its_state_ends(api, executor):
   it DONE but not yet counted, and a listing then showed eleven jobs in a
   history of ten (tests/test_concurrent_clients.py, in CI)."""
   stub, _ = api
-  ids = []
-  for _ in range(3):
-    job_id = _prepare(stub).preparation_id
-    stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=job_id))
-    executor.executions[job_id].emit(JobState.DONE)
-    ids.append(job_id)
+  ids = _run_done(stub, executor, 3)
   last = _prepare(stub).preparation_id
   stub.Run(beam_job_api_pb2.RunJobRequest(preparation_id=last))
   collecting, release = threading.Event(), threading.Event()

@@ -167,11 +167,15 @@ class _Record(beam.DoFn):
   def __init__(self, out):
     self.out = out
 
+  def name_and_text(self, kv, w, pane):
+    return (f'{int(w.start.micros)}-{pane.index}',
+            ' '.join(str(t) for t in sorted(kv[1])))
+
   def process(self, kv, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
-    name = f'{int(w.start.micros)}-{pane.index}'
+    name, text = self.name_and_text(kv, w, pane)
     tmp = os.path.join(self.out, f'.{name}.{os.getpid()}')
     with open(tmp, 'w', encoding='utf-8') as f:
-      f.write(' '.join(str(t) for t in sorted(kv[1])))
+      f.write(text)
     os.replace(tmp, os.path.join(self.out, name))
 
 
@@ -251,17 +255,10 @@ def test_a_drained_job_ends_drained_with_every_window_complete(
   assert len(panes) >= 2
 
 
-class _Counts(beam.DoFn):
+class _Counts(_Record):
   """Writes each (key, count) of a window's pane to OUT/<start>-<key>-<pane>."""
-  def __init__(self, out):
-    self.out = out
-
-  def process(self, kv, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
-    name = f'{int(w.start.micros)}-{kv[0]}-{pane.index}'
-    tmp = os.path.join(self.out, f'.{name}.{os.getpid()}')
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.write(str(kv[1]))
-    os.replace(tmp, os.path.join(self.out, name))
+  def name_and_text(self, kv, w, pane):
+    return f'{int(w.start.micros)}-{kv[0]}-{pane.index}', str(kv[1])
 
 
 def test_a_periodic_impulse_count_read_compact_is_exact(tmp_path):
