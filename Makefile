@@ -7,8 +7,8 @@ PYTEST_ARGS ?=
 # Three pytest-xdist workers, a test class or module to each at a time: most
 # of the suite's time is spent waiting (job servers and JVMs starting,
 # PeriodicImpulse and TestStream pipelines that run for their wall-clock
-# seconds, killed drivers restarting): with two, a clean-clone run used
-# 39 CPU-minutes in 62 minutes on 2 cores (a third of them), over CI's hour.
+# seconds, killed drivers restarting): a clean-clone run took 62 minutes
+# with two (over CI's hour), 54 with three, on 2 cores.
 # Longest scopes first (tests/conftest.py, tests/scope_durations.json),
 # not pytest-xdist's order by number of tests, which ran the one-test Java
 # ValidatesRunner module (~15 minutes) last, alone.
