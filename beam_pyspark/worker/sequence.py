@@ -59,6 +59,8 @@ _GLOBAL = (window.GlobalWindow(), )
 # Offsets output compact only with times this far from the epoch: Beam's
 # windowed value coder restores its MIN and MAX timestamps (~9.2e9 s).
 _SAFE_SECS = 9e9
+# An encoded chunk's elements: (width unused), the global window, no pane.
+_PLAIN = (0, _GLOBAL, windowed_value.PANE_INFO_UNKNOWN)
 # Serialized descriptor -> its SequenceRead, or None.
 _reads: dict = {}
 
@@ -71,8 +73,9 @@ class Offsets:
   encoding and decoding of every element (a third of the streaming
   benchmark's worker time) are skipped, and Spark moves ~100 bytes for
   8,192 elements. Anything else that reads it takes ``encode``'s bytes
-  (``expand``). ``len`` is the bytes it stands for, as bundles are cut by
-  the bytes of their input."""
+  (a harness: ``StageRunner``), which are the read's own otherwise. ``len``
+  is the bytes it stands for, as bundles are cut by the bytes of their
+  input."""
   __slots__ = ('start', 'interval', 'lo', 'hi', 'width', 'windows', 'pane')
 
   def __init__(self, start: float, interval: float, lo: int, hi: int,
@@ -88,8 +91,8 @@ class Offsets:
     return (self.hi - self.lo) * self.width
 
   def elements(self) -> Iterator:
-    """The WindowedValues the output coder would have decoded: its
-    timestamps in milliseconds (``_millis``)."""
+    """The WindowedValues the output coder would have decoded: their
+    timestamps in milliseconds, truncated towards zero as it does."""
     create, start, interval = windowed_value.create, self.start, self.interval
     windows, pane = self.windows, self.pane
     for i in range(self.lo, self.hi):
@@ -238,7 +241,7 @@ class SequenceRead:
     while due < hi and start + interval * due <= now:
       due += 1
     end = min(due, lo + grant)
-    create, impl = windowed_value.create, self._out
+    impl = self._out
     template = self._template if limits.compact else None
     if template is not None and max(abs(start + interval * lo),
                                     abs(start + interval * hi)) > _SAFE_SECS:
@@ -246,15 +249,9 @@ class SequenceRead:
     at, by_time = lo, False
     while at < end:
       upto = min(end, at + CHUNK)
-      if template is not None:
-        yield self.output_id, Offsets(start, interval, at, upto, *template)
-      else:
-        out = create_OutputStream()
-        for i in range(at, upto):
-          t = start + interval * i
-          impl.encode_to_stream(create(t, int(t * 1000000), _GLOBAL), out,
-                                True)
-        yield self.output_id, out.get()
+      chunk = Offsets(start, interval, at, upto, *(template or _PLAIN))
+      yield self.output_id, chunk if template is not None else chunk.encode(
+          impl)
       at = upto
       if at < end and time.monotonic() - began >= limits.secs:
         by_time = True  # the runner's checkpoint, between two claims
