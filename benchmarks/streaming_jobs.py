@@ -52,9 +52,19 @@ start = time.time() + lead
 p = beam.Pipeline(options=PipelineOptions([
     '--streaming', '--runner=beam_pyspark.PySparkRunner',
     '--spark_master_url=' + master] + sys.argv[6:]))
-events = p | PeriodicImpulse(
-    start_timestamp=start, stop_timestamp=start + seconds,
-    fire_interval=1.0 / rate)
+# An experiment: the events from N sources (each at rate / N, shifted so
+# that together they fire every 1 / rate s), flattened. Beam's
+# PeriodicImpulse keeps its interval in whole microseconds: one source
+# cannot fire faster than 1,000,000 times a second.
+sources = int(os.environ.get('BENCH_SOURCES', '1'))
+if sources == 1:
+  events = p | PeriodicImpulse(
+      start_timestamp=start, stop_timestamp=start + seconds,
+      fire_interval=1.0 / rate)
+else:
+  events = [p | f'Source{i}' >> PeriodicImpulse(
+      start_timestamp=start + i / rate, stop_timestamp=start + seconds,
+      fire_interval=sources / rate) for i in range(sources)] | beam.Flatten()
 if os.environ.get('BENCH_RESHUFFLE'):  # an experiment: the read's output moved
   events = events | beam.Reshuffle()
 _ = (events

@@ -347,14 +347,18 @@ class Query:
     _LOGGER.debug('Job %s: query started in %.2f s', self.job_id,
                   time.monotonic() - self._started)
     try:
-      while query.isActive and not self._errors:
+      ended = False
+      while not ended and not self._errors:
         if self.finished() or self.stopping():
           # No batch is offered after this; wait for the running one.
           _touch(os.path.join(self.root, STOP_MARKER))
           if not query.status['isTriggerActive']:
             break
         try:
-          query.awaitTermination(POLL_SECS)
+          # True once the query ended; Spark's error if it failed. One py4j
+          # call a poll (with isActive as well, two: 40 a second, a
+          # streaming job's driver's most frequent call while it idles).
+          ended = query.awaitTermination(POLL_SECS)
         except Exception:  # pylint: disable=broad-except
           if not self._errors:
             raise
@@ -453,7 +457,7 @@ class Query:
 
 
 # How often the driver looks whether the query should end.
-POLL_SECS = 0.05
+POLL_SECS = 0.1
 # How much longer than its pause a start waits for the job's Python
 # workers to finish starting.
 WARM_WAIT_SECS = 60
