@@ -8,7 +8,8 @@
 // java -cp <classpath> MiniYarn.java BASE_DIR [NM_MEMORY_MB]
 // Writes a Hadoop configuration directory BASE_DIR/conf (core-site.xml,
 // hdfs-site.xml, yarn-site.xml with the clusters' real addresses), prints one
-// JSON line {"conf_dir": ..., "rm": "host:port", "hdfs": "hdfs://host:port"}
+// JSON line {"conf_dir": ..., "rm": "host:port", "webapp": "host:port",
+// "hdfs": "hdfs://host:port"}
 // once the NodeManager has registered, and shuts down when its standard input
 // closes (the test process ended).
 import java.io.File;
@@ -91,7 +92,8 @@ public class MiniYarn {
     // declares its directories bad and takes no containers.
     conf.setFloat(
         YarnConfiguration.NM_MAX_PER_DISK_UTILIZATION_PERCENTAGE, 99.5f);
-    // Keep finished containers' directories and logs for a look after a failure.
+    // Keep finished containers' directories and logs (the test reads the
+    // executors' logs; a failure is looked into there).
     conf.setInt(YarnConfiguration.DEBUG_NM_DELETE_DELAY_SEC, 600);
 
     MiniYARNCluster yarn = new MiniYARNCluster("beam-pyspark-yarn", 1, 1, 1);
@@ -117,8 +119,9 @@ public class MiniYarn {
     write(yarnSite, new File(confDir, "yarn-site.xml"));
 
     System.out.println("{\"conf_dir\": \"" + confDir.getPath() + "\", \"rm\": \""
-        + started.get(YarnConfiguration.RM_ADDRESS) + "\", \"hdfs\": \"" + defaultFs
-        + "\", \"nm_log_dirs\": \"" + started.get(YarnConfiguration.NM_LOG_DIRS) + "\"}");
+        + started.get(YarnConfiguration.RM_ADDRESS) + "\", \"webapp\": \""
+        + started.get(YarnConfiguration.RM_WEBAPP_ADDRESS) + "\", \"hdfs\": \""
+        + defaultFs + "\"}");
     System.out.flush();
     while (System.in.read() != -1) {
     }
