@@ -93,8 +93,18 @@ public class MiniYarn {
     conf.setFloat(
         YarnConfiguration.NM_MAX_PER_DISK_UTILIZATION_PERCENTAGE, 99.5f);
     // Keep finished containers' directories and logs (the test reads the
-    // executors' logs; a failure is looked into there).
+    // executors' logs; a failure is looked into there): whatever the
+    // NodeManager deletes waits this long, and never happens before it
+    // stops.
     conf.setInt(YarnConfiguration.DEBUG_NM_DELETE_DELAY_SEC, 600);
+    // A stop waited for the log handler's pending deletions (its default
+    // retention is 3 hours) for 10 s, and for the applications' clean-up,
+    // up to these two plus a second: a stop after an application took 19 s
+    // instead of 2. Handed over at once, the deletions wait in the deletion
+    // service instead (above), which a stop drops.
+    conf.setLong(YarnConfiguration.NM_LOG_RETAIN_SECONDS, 1);
+    conf.setLong(YarnConfiguration.NM_PROCESS_KILL_WAIT_MS, 200);
+    conf.setLong(YarnConfiguration.NM_SLEEP_DELAY_BEFORE_SIGKILL_MS, 250);
 
     MiniYARNCluster yarn = new MiniYARNCluster("beam-pyspark-yarn", 1, 1, 1);
     yarn.init(conf);
