@@ -241,7 +241,8 @@ def test_streaming_job_gives_exact_output_after_its_executor_container_is_killed
   stateful DoFn and Beam's file sink (tests/streaming_recovery_job.py); the
   executor's container JVM SIGKILLed in the middle of a micro-batch. YARN
   reports the container lost, Spark asks it for another and retries the
-  batch's tasks there: the output is exactly the DirectRunner's."""
+  batch's tasks there: the output is exactly the DirectRunner's. The
+  checkpoint is on the cluster's HDFS."""
   reference = tmp_path / 'direct'
   reference.mkdir()
   with beam.Pipeline('DirectRunner', options=PipelineOptions([])) as p:
@@ -251,12 +252,15 @@ def test_streaming_job_gives_exact_output_after_its_executor_container_is_killed
   markers = tmp_path / 'markers'
   markers.mkdir()
   log_path = str(tmp_path / 'streaming.log')
+  # On the cluster's HDFS, where a driver restarted on another node would
+  # find it.
+  checkpoint = f'{yarn.hdfs}/checkpoints/{tmp_path.name}'
   before = yarn.applications()
   with open(log_path, 'wb') as log:
     proc = subprocess.Popen(
         [sys.executable, os.path.join(HERE, 'streaming_recovery_job.py'),
-         str(out), str(tmp_path / 'checkpoint'), '--source=sdf',
-         f'--stall={markers}', *_yarn_args()[1:]],
+         str(out), checkpoint, '--source=sdf', f'--stall={markers}',
+         *yarn.hdfs_options, *_yarn_args()[1:]],
         env=_env(yarn), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
   try:
@@ -277,6 +281,10 @@ def test_streaming_job_gives_exact_output_after_its_executor_container_is_killed
   assert len(job.read_output(str(reference))) > 20
   assert job.read_output(str(out)) == job.read_output(str(reference))
   assert job.read_files(str(out)) == job.read_files(str(reference))
+  # The job checkpointed on HDFS (it made the directory) and, DONE, keeps
+  # no checkpoint there.
+  assert yarn.hdfs_status('/checkpoints')['type'] == 'DIRECTORY'
+  assert yarn.hdfs_status(f'/checkpoints/{tmp_path.name}') is None
   # A second executor container took the first one's place.
   apps = _new_applications(yarn, before)
   assert len(apps) == 1, apps

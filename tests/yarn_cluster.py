@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 
 import pyspark
@@ -69,6 +70,10 @@ class MiniYarn:
     self.rm_address = found['rm']
     self.webapp = found['webapp']
     self.hdfs = found['hdfs']
+    # Beam's HDFS options for the runner's Python side (WebHDFS).
+    self.webhdfs_port = found['webhdfs_port']
+    self.hdfs_options = ['--hdfs_host=127.0.0.1',
+                         f'--hdfs_port={self.webhdfs_port}']
     self.env = {'HADOOP_CONF_DIR': self.conf_dir, 'JAVA_HOME': self.java_home}
 
   def _first_line(self, timeout: float) -> str:
@@ -90,6 +95,18 @@ class MiniYarn:
         f'http://{self.webapp}/ws/v1/cluster/apps', timeout=30) as response:
       apps = json.load(response).get('apps') or {}
     return apps.get('app', [])
+
+  def hdfs_status(self, path: str) -> dict | None:
+    """WebHDFS's FileStatus of ``path``, None if there is none."""
+    url = (f'http://127.0.0.1:{self.webhdfs_port}/webhdfs/v1{path}'
+           '?op=GETFILESTATUS')
+    try:
+      with urllib.request.urlopen(url, timeout=30) as response:
+        return json.load(response)['FileStatus']
+    except urllib.error.HTTPError as exn:
+      if exn.code == 404:
+        return None
+      raise
 
   def container_logs(self, app_id: str) -> dict[str, str]:
     """Each container of ``app_id``: its stderr (the NodeManager keeps

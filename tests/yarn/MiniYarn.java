@@ -9,7 +9,7 @@
 // Writes a Hadoop configuration directory BASE_DIR/conf (core-site.xml,
 // hdfs-site.xml, yarn-site.xml with the clusters' real addresses), prints one
 // JSON line {"conf_dir": ..., "rm": "host:port", "webapp": "host:port",
-// "hdfs": "hdfs://host:port"}
+// "hdfs": "hdfs://host:port", "webhdfs_port": port}
 // once the NodeManager has registered, and shuts down when its standard input
 // closes (the test process ended).
 import java.io.File;
@@ -61,6 +61,9 @@ public class MiniYarn {
     // no permission checks.
     dfsConf.setBoolean("dfs.permissions.enabled", false);
     dfsConf.setInt("dfs.replication", 1);
+    // The runner's Python side reaches HDFS through WebHDFS (Beam's
+    // --hdfs_host/--hdfs_port): a streaming job's checkpoint on it.
+    dfsConf.setBoolean("dfs.webhdfs.enabled", true);
     dfsConf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");
     dfsConf.set("dfs.namenode.http-bind-host", "127.0.0.1");
     dfsConf.set("dfs.datanode.hostname", "127.0.0.1");
@@ -131,7 +134,8 @@ public class MiniYarn {
     System.out.println("{\"conf_dir\": \"" + confDir.getPath() + "\", \"rm\": \""
         + started.get(YarnConfiguration.RM_ADDRESS) + "\", \"webapp\": \""
         + started.get(YarnConfiguration.RM_WEBAPP_ADDRESS) + "\", \"hdfs\": \""
-        + defaultFs + "\"}");
+        + defaultFs + "\", \"webhdfs_port\": "
+        + dfs.getNameNode().getHttpAddress().getPort() + "}");
     System.out.flush();
     while (System.in.read() != -1) {
     }
