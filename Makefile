@@ -215,3 +215,11 @@ sdk-go: $(GO_BIN)/.built-examples
 clean:
 	rm -rf $(VENV) out build *.egg-info $(TS_DIR)/node_modules $(GO_BIN) \
 	  sdks/xlang/*/target $(XLANG_STAMP)
+
+# Hadoop's MiniYARNCluster (with a MiniDFSCluster) for tests/test_yarn.py
+# (issue 42: Spark on YARN); not part of `make test` yet.
+YARN_STAMP := tests/yarn/target/classpath.txt
+$(YARN_STAMP): tests/yarn/pom.xml scripts/yarn-minicluster.sh
+	@scripts/yarn-minicluster.sh
+.PHONY: yarn-minicluster
+yarn-minicluster: $(YARN_STAMP)
