@@ -129,7 +129,7 @@ connect-client: $(CONNECT_CLIENT_STAMP)
 # The status page's browser tests drive Debian's chromium: the tests (not
 # the demo) install it, as set-up installs Java.
 test: setup sdk-typescript sdk-go sdk-java sdk-java-old sdk-python-versions sdk-xlang \
-  hdfs-minicluster connect-client
+  hdfs-minicluster yarn-minicluster connect-client
 	@scripts/ensure-browser.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
@@ -217,7 +217,8 @@ clean:
 	  sdks/xlang/*/target $(XLANG_STAMP)
 
 # Hadoop's MiniYARNCluster (with a MiniDFSCluster) for tests/test_yarn.py
-# (issue 42: Spark on YARN); not part of `make test` yet.
+# (issue 42: Spark on YARN, docs/guide/clusters.md); again only when
+# tests/yarn/pom.xml changes.
 YARN_STAMP := tests/yarn/target/classpath.txt
 $(YARN_STAMP): tests/yarn/pom.xml scripts/yarn-minicluster.sh
 	@scripts/yarn-minicluster.sh

@@ -43,3 +43,37 @@ def test_threads_starting_spark_together_all_get_the_one_working_context():
   assert 'ERRORS []' in done.stdout, done.stdout + done.stderr[-4000:]
   # Sixteen answers, one context, its parallelism read through its JVM.
   assert 'GOT 16 1 [2]' in done.stdout, done.stdout
+
+
+_SETTINGS_SCRIPT = textwrap.dedent('''
+    import logging
+    import sys
+    from beam_pyspark.spark.session import spark_context
+
+    logging.basicConfig(stream=sys.stdout, level=logging.WARNING,
+                        format='%(levelname)s %(message)s')
+    conf = {'spark.beam.test.one': 'a', 'spark.beam.test.two': 'b'}
+    spark_context('local[1]', conf)
+    print('SAME')
+    spark_context('local[1]', dict(conf))  # a job server's next job
+    print('OTHER')
+    spark_context('local[1]', {**conf, 'spark.beam.test.two': 'c',
+                                'spark.beam.test.three': 'd'})
+''')
+
+
+def test_a_running_context_is_said_to_ignore_only_settings_it_lacks():
+  """The job server hands its --spark-conf pairs to every job; the context
+  its first job started has them. Every later job logged "A SparkContext
+  is already running: these Spark settings are not applied to it: [all of
+  them]"; only settings of other values, or none, are not applied."""
+  done = subprocess.run([sys.executable, '-c', _SETTINGS_SCRIPT],
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-4000:]
+  out = done.stdout
+  same = out[out.index('SAME'):out.index('OTHER')]
+  other = out[out.index('OTHER'):]
+  assert 'not applied' not in same, out
+  assert ("not applied to it: ['spark.beam.test.three', "
+          "'spark.beam.test.two']") in other, out

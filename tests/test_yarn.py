@@ -1,4 +1,4 @@
-"""Spark on YARN (issue 42, its first step: does it run at all).
+"""Spark on YARN (issue 42), as docs/guide/clusters.md's YARN section says.
 
 A real ResourceManager and NodeManager (Hadoop's MiniYARNCluster 3.5.0, the
 Hadoop client pyspark 4.3 bundles) with HDFS beside it, on this machine
@@ -7,15 +7,19 @@ version, so Spark needs nothing added: the cluster's HADOOP_CONF_DIR and
 spark.yarn.jars naming pyspark's jars (local:, present on the node).
 Executors run in YARN containers with this virtualenv's Python.
 
-Client mode through PySparkRunner (Beam's wordcount, against the
-DirectRunner's output) and through the job server (an embedded harness with
-a staged wheel from the driver's artifact server, and a PROCESS harness),
-cluster mode through spark-submit, and a streaming job whose executor's
-container is killed mid-batch: YARN gives Spark a new container, and the
-output is exactly the DirectRunner's.
+The page's commands, run as written but for the cluster's size and this
+machine's paths: Beam's wordcount in client mode (against the
+DirectRunner's output), a program in cluster mode through spark-submit
+(it runs in the ApplicationMaster's container), and the job server on
+YARN serving Python jobs (an embedded harness with a staged wheel from
+the driver's artifact server, a PROCESS harness) and Beam's Java WordCount
+(its harness booted in an executor's container; against the Java
+DirectRunner's output). And a streaming job checkpointing on HDFS whose
+executor's container is killed mid-batch: YARN gives Spark a new
+container, and the output is exactly the DirectRunner's.
 
-Not part of `make test` yet (issue 42): run `make yarn-minicluster` first;
-without it the module is skipped.
+In `make test` (which runs `make yarn-minicluster`); elsewhere, without the
+MiniYARNCluster's classpath, the module is skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import apache_beam as beam
@@ -32,8 +37,14 @@ import psutil
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from jobserver_process import JobServerProcess
+from docs_blocks import ShellServer
+from docs_blocks import block
+from docs_blocks import localize
+from docs_blocks import run_shell
 from packages import write_wheel
+from test_sdk_java import direct_counts  # pylint: disable=unused-import
+from test_sdk_java import submit_wordcount
+from test_sdk_java import wordcount_input  # pylint: disable=unused-import
 from yarn_cluster import CLASSPATH
 from yarn_cluster import MiniYarn
 from yarn_cluster import SPARK_CONF
@@ -42,11 +53,17 @@ import streaming_recovery_job as job
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EMBEDDED = 'beam:env:embedded_python:v1'
+# docs/guide/clusters.md's YARN blocks are read where they run, by the
+# page's name and their first lines, literally (tests/test_docs_blocks.py
+# finds them so). The page's application sizes, cut to this one small
+# NodeManager (4 GiB): one executor of one core (Spark's default on YARN).
+SIZES = {'spark.executor.instances=4': 'spark.executor.instances=1',
+         'spark.executor.memory=4g': 'spark.executor.memory=512m'}
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CLASSPATH),
-    reason=f'{CLASSPATH} is missing: `make yarn-minicluster` resolves '
-    'Hadoop\'s MiniYARNCluster (issue 42; not in `make test` yet)')
+    reason=f'{CLASSPATH} is missing: `make yarn-minicluster` (which `make '
+    'test` runs) resolves Hadoop\'s MiniYARNCluster')
 
 
 @pytest.fixture(scope='module')
@@ -72,6 +89,27 @@ def _env(yarn) -> dict:
       p for p in (REPO, os.environ.get('PYTHONPATH')) if p)
   return {**os.environ, **yarn.env, 'PYTHONPATH': path,
           'PYSPARK_PYTHON': sys.executable}
+
+
+def _page_env(yarn) -> dict:
+  """A reader's shell on a YARN client host: an activated venv (its bin/
+  first on PATH), nothing of the cluster's but what the page exports, and
+  this checkout first on PYTHONPATH (see _env)."""
+  env = {k: v for k, v in _env(yarn).items()
+         if k not in ('HADOOP_CONF_DIR', 'PYSPARK_PYTHON')}
+  env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env['PATH']
+  return env
+
+
+@pytest.fixture(scope='module')
+def page_setup(yarn) -> str:
+  """The page's exports (HADOOP_CONF_DIR, PYSPARK_JARS), with this
+  cluster's configuration directory: what each of its commands runs
+  after."""
+  return localize(
+      block('docs/guide/clusters.md',
+            'export HADOOP_CONF_DIR=/etc/hadoop/conf'),
+      {'/etc/hadoop/conf': yarn.conf_dir}) + '\n'
 
 
 def _run(args, env, log_path, timeout=420) -> str:
@@ -106,23 +144,28 @@ def _python_ran_in_a_container(yarn, app_id) -> bool:
 
 
 def test_wordcount_in_client_mode_writes_what_the_direct_runner_writes(
-    yarn, tmp_path):
+    yarn, page_setup, tmp_path):
   words = 'the quick brown fox jumps over lazy dog beam spark yarn'.split()
-  source = tmp_path / 'in.txt'
-  source.write_text(''.join(
+  shared = tmp_path / 'shared'
+  shared.mkdir()
+  (shared / 'input.txt').write_text(''.join(
       ' '.join(words[(i * 7 + j) % len(words)] for j in range(i % 9 + 1))
       + '\n' for i in range(500)))
   before = yarn.applications()
-  _run(['-m', 'apache_beam.examples.wordcount', '--input', str(source),
-        '--output', str(tmp_path / 'yarn' / 'counts'),
-        *_yarn_args()],
-       _env(yarn), str(tmp_path / 'yarn.log'))
-  _run(['-m', 'apache_beam.examples.wordcount', '--input', str(source),
+  run_shell(
+      page_setup + localize(
+          block('docs/guide/clusters.md',
+                'python -m apache_beam.examples.wordcount '
+                '--runner=beam_pyspark.PySparkRunner \\'),
+          {**SIZES, '/shared/data/': f'{shared}/'}),
+      tmp_path / 'yarn.log', env=_page_env(yarn), cwd=tmp_path)
+  _run(['-m', 'apache_beam.examples.wordcount',
+        '--input', str(shared / 'input.txt'),
         '--output', str(tmp_path / 'direct' / 'counts'),
         '--runner=DirectRunner'], _env(yarn), str(tmp_path / 'direct.log'))
   expected = _read_lines(tmp_path / 'direct' / 'counts')
   assert len(expected) == len(words)
-  assert _read_lines(tmp_path / 'yarn' / 'counts') == expected
+  assert _read_lines(shared / 'counts') == expected
   # It ran on YARN: one application, finished well, whose executor's
   # container ran the Python tasks.
   apps = _new_applications(yarn, before)
@@ -131,51 +174,8 @@ def test_wordcount_in_client_mode_writes_what_the_direct_runner_writes(
   assert _python_ran_in_a_container(yarn, apps[0]['id'])
 
 
-def test_job_server_on_yarn_serves_staged_wheels_and_boots_process_harnesses(
-    yarn, tmp_path):
-  wheel = write_wheel(tmp_path, 'yarn_staged_pkg', '1.0',
-                      "GREETING = 'staged on yarn'\n")
-  before = yarn.applications()
-  server = JobServerProcess(
-      tmp_path / 'jobserver', '--spark-master-url', 'yarn',
-      *[arg for conf in SPARK_CONF for arg in ('--spark-conf', conf)],
-      env=_env(yarn))
-  try:
-    client = ['--runner=PortableRunner', f'--job_endpoint={server.job_endpoint}']
-    # Embedded harnesses in the executors; the wheel only the artifact
-    # server the driver runs has: the containers must reach it.
-    out = tmp_path / 'embedded' / 'out'
-    with beam.Pipeline(options=PipelineOptions(
-        client + [f'--environment_type={EMBEDDED}', '--extra_package', wheel])
-                       ) as p:
-      _ = (p | beam.Create(['a', 'b'])
-           | beam.Map(lambda x: f'{x}: {__import__("yarn_staged_pkg").GREETING}')
-           | beam.io.WriteToText(str(out)))
-    assert _read_lines(out) == ['a: staged on yarn', 'b: staged on yarn']
-    # A PROCESS harness, booted by the executor in its container.
-    out = tmp_path / 'process' / 'out'
-    command = f'{sys.executable} -m apache_beam.runners.worker.sdk_worker_main'
-    with beam.Pipeline(options=PipelineOptions(
-        client + ['--environment_type=PROCESS',
-                  '--environment_config=' + json.dumps({'command': command})])
-                       ) as p:
-      _ = (p | beam.Create(range(30)) | beam.Map(lambda x: (x % 3, x))
-           | beam.GroupByKey()
-           | beam.MapTuple(lambda k, vs: f'{k} {sum(vs)}')
-           | beam.io.WriteToText(str(out)))
-    assert _read_lines(out) == ['0 135', '1 145', '2 155']
-  finally:
-    server.stop()
-  # One application for both jobs: the server's SparkContext.
-  apps = _new_applications(yarn, before)
-  assert len(apps) == 1, apps
-  logs = yarn.container_logs(apps[0]['id'])
-  assert any('sdk_worker_main' in text for name, text in logs.items()
-             if not name.endswith('_000001')), sorted(logs)
-
-
 def test_cluster_mode_runs_the_pipeline_program_in_the_application_master(
-    yarn, tmp_path):
+    yarn, page_setup, tmp_path):
   program = tmp_path / 'program.py'
   program.write_text(
       'import os, sys\n'
@@ -189,27 +189,16 @@ def test_cluster_mode_runs_the_pipeline_program_in_the_application_master(
       '       | beam.MapTuple(lambda k, vs: f"{k} {sum(vs)}")\n'
       '       | beam.io.WriteToText(sys.argv[1]))\n')
   out = tmp_path / 'out' / 'part'
-  from pyspark.find_spark_home import _find_spark_home
-  spark_home = _find_spark_home()
-  python = sys.executable
-  conf = list(SPARK_CONF) + [
-      # The driver (the program) runs in the ApplicationMaster's container.
-      f'spark.yarn.appMasterEnv.PYSPARK_PYTHON={python}',
-      f'spark.yarn.appMasterEnv.PYSPARK_DRIVER_PYTHON={python}',
-  ]
   before = yarn.applications()
-  log_path = tmp_path / 'submit.log'
-  with open(log_path, 'wb') as log:
-    proc = subprocess.run(
-        [os.path.join(spark_home, 'bin', 'spark-submit'), '--master', 'yarn',
-         '--deploy-mode', 'cluster',
-         *[arg for c in conf for arg in ('--conf', c)],
-         str(program), str(out), str(tmp_path / 'driver'),
-         '--runner=beam_pyspark.PySparkRunner',
-         '--spark_master_url=yarn'],
-        env={**_env(yarn), 'SPARK_HOME': spark_home}, stdout=log,
-        stderr=subprocess.STDOUT, timeout=420, check=False)
-  assert proc.returncode == 0, log_path.read_text()[-8000:]
+  # The page's spark-submit; my_pipeline.py is the program above, with
+  # where it writes.
+  run_shell(
+      page_setup + localize(
+          block('docs/guide/clusters.md',
+                'spark-submit --master yarn --deploy-mode cluster \\'),
+          {**SIZES,
+           'my_pipeline.py': f'{program} {out} {tmp_path / "driver"}'}),
+      tmp_path / 'submit.log', env=_page_env(yarn), cwd=tmp_path)
   assert _read_lines(out) == ['0 135', '1 145', '2 155']
   apps = _new_applications(yarn, before)
   assert [(a['state'], a['finalStatus']) for a in apps] == [
@@ -291,3 +280,143 @@ def test_streaming_job_gives_exact_output_after_its_executor_container_is_killed
   executors = [name for name in yarn.container_logs(apps[0]['id'])
                if not name.endswith('_000001')]
   assert len(executors) == 2, executors
+
+
+# -- the job server on YARN ---------------------------------------------------
+# Last in the module: its application holds a container for the AM and one
+# for the executor until the module ends, room the tests above need.
+
+
+@pytest.fixture(scope='module')
+def job_server(yarn, page_setup, tmp_path_factory):
+  """The page's job server on YARN, for the module's portable jobs (one
+  application and one start for all of them), and the ResourceManager's
+  applications before it started."""
+  directory = tmp_path_factory.mktemp('jobserver')
+  before = yarn.applications()
+  server = ShellServer(
+      page_setup + localize(
+          block('docs/guide/clusters.md',
+                'beam-pyspark job-server --spark-master-url yarn \\'),
+          {**SIZES,
+           # Free ports and no Spark before the first job, as the suite's
+           # other servers (tests/jobserver_process.py).
+           '--artifacts-dir /var/lib/beam-pyspark':
+               f'--artifacts-dir {directory / "lib"} --job-port 0 '
+               '--artifact-port 0 --expansion-port 0 --status-port 0 '
+               '--no-spark-warm-up'}),
+      str(directory / 'server.log'), env=_page_env(yarn))
+  try:
+    yield server, before
+  finally:
+    server.stop()
+
+
+def _server_application(yarn, before) -> str:
+  """The job server's application: the one the ResourceManager got since
+  the server started, all its jobs' (one SparkContext)."""
+  apps = _new_applications(yarn, before)
+  assert len(apps) == 1, apps
+  return apps[0]['id']
+
+
+def test_job_server_on_yarn_serves_staged_wheels_and_boots_process_harnesses(
+    yarn, job_server, tmp_path):
+  server, before = job_server
+  wheel = write_wheel(tmp_path, 'yarn_staged_pkg', '1.0',
+                      "GREETING = 'staged on yarn'\n")
+  client = ['--runner=PortableRunner',
+            f'--job_endpoint={server.endpoints["job"]}']
+  # Embedded harnesses in the executors; the wheel only the artifact
+  # server the driver runs has: the containers must reach it.
+  out = tmp_path / 'embedded' / 'out'
+  with beam.Pipeline(options=PipelineOptions(
+      client + [f'--environment_type={EMBEDDED}', '--extra_package', wheel])
+                     ) as p:
+    _ = (p | beam.Create(['a', 'b'])
+         | beam.Map(lambda x: f'{x}: {__import__("yarn_staged_pkg").GREETING}')
+         | beam.io.WriteToText(str(out)))
+  assert _read_lines(out) == ['a: staged on yarn', 'b: staged on yarn']
+  # A PROCESS harness, booted by the executor in its container.
+  out = tmp_path / 'process' / 'out'
+  command = f'{sys.executable} -m apache_beam.runners.worker.sdk_worker_main'
+  with beam.Pipeline(options=PipelineOptions(
+      client + ['--environment_type=PROCESS',
+                '--environment_config=' + json.dumps({'command': command})])
+                     ) as p:
+    _ = (p | beam.Create(range(30)) | beam.Map(lambda x: (x % 3, x))
+         | beam.GroupByKey()
+         | beam.MapTuple(lambda k, vs: f'{k} {sum(vs)}')
+         | beam.io.WriteToText(str(out)))
+  assert _read_lines(out) == ['0 135', '1 145', '2 155']
+  logs = yarn.container_logs(_server_application(yarn, before))
+  assert any('sdk_worker_main' in text for name, text in logs.items()
+             if not name.endswith('_000001')), sorted(logs)
+
+
+class _JavaHarnesses(threading.Thread):
+  """Every Java SDK harness seen running on this machine while it runs:
+  its pid, the YARN container it belongs to (CONTAINER_ID, which the
+  NodeManager sets in each container's environment), and whether a YARN
+  executor's JVM is among its ancestors. Only read, never signalled:
+  other tests' harnesses run here too."""
+
+  def __init__(self):
+    super().__init__(daemon=True)
+    self.found: dict[int, tuple] = {}
+    self.done = threading.Event()
+
+  def run(self):
+    while not self.done.is_set():
+      for proc in psutil.process_iter(['cmdline']):
+        if 'org.apache.beam.fn.harness.FnHarness' not in (
+            proc.info['cmdline'] or ()):
+          continue
+        try:
+          container = proc.environ().get('CONTAINER_ID')
+          executor = any('YarnCoarseGrainedExecutorBackend' in
+                         ' '.join(parent.cmdline())
+                         for parent in proc.parents())
+        except psutil.Error:
+          continue  # gone, or another user's
+        self.found[proc.pid] = (container, executor)
+      self.done.wait(0.2)
+
+
+def test_java_wordcount_through_the_job_server_on_yarn(
+    yarn, job_server, wordcount_input, direct_counts, tmp_path):
+  """Beam's Java WordCount, PROCESS: each executor boots Beam's Java
+  harness in its own container (python -m beam_pyspark.boot java, the jars
+  the Java client staged with the job server, fetched from the driver's
+  artifact server) and the counts are the Java DirectRunner's."""
+  server, before = job_server
+  harnesses = _JavaHarnesses()
+  harnesses.start()
+  try:
+    counts = submit_wordcount(
+        server.endpoints['job'], wordcount_input, tmp_path,
+        '--defaultEnvironmentType=PROCESS',
+        '--defaultEnvironmentConfig='
+        '{"command": "python -m beam_pyspark.boot java"}')
+  finally:
+    harnesses.done.set()
+    harnesses.join(30)
+  assert counts == direct_counts
+  app = _server_application(yarn, before)
+  # The harness ran in an executor's container of the server's application
+  # (not the AM's, _000001), under the executor's JVM, and logged to that
+  # container's stderr.
+  app_number = app.split('_', 1)[1]
+  ours = [(container, executor)
+          for container, executor in harnesses.found.values()
+          if container and app_number in container]
+  assert ours, harnesses.found
+  assert all(not container.endswith('_000001') and executor
+             for container, executor in ours), ours
+  logs = yarn.container_logs(app)
+  assert any('SDK Fn Harness started' in text for name, text in logs.items()
+             if not name.endswith('_000001')), sorted(logs)
+  # The server's --spark-conf pairs started its context: no job was told
+  # they were not applied (spark/session.py's not_applied).
+  with open(server.log_path, encoding='utf-8', errors='replace') as f:
+    assert 'settings are not applied' not in f.read()

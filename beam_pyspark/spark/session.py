@@ -76,10 +76,11 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
       _LOGGER.warning(
           'A SparkContext for %s is already running; using it instead of %s.',
           active.master, master)
-    if conf:
+    missing = not_applied(active.getConf(), conf or {})
+    if missing:
       _LOGGER.warning(
           'A SparkContext is already running: these Spark settings are not '
-          'applied to it: %s. Stop it first to apply them.', sorted(conf))
+          'applied to it: %s. Stop it first to apply them.', missing)
     return active
 
   check_java()
@@ -112,6 +113,24 @@ def spark_context(master: Optional[str] = None, conf: Optional[dict] = None):
   _quiet_task_failures(sc)
   _LOGGER.info('Started Spark %s on %s', sc.version, master)
   return sc
+
+
+def not_applied(running_conf, conf: dict) -> list[str]:
+  """The keys of ``conf`` whose values a running context (its SparkConf)
+  does not have. A job server's --spark-conf pairs reach every job's
+  spark_context(); its first job (or its warm-up) started the context with
+  them, and the jobs after it must not be told they were ignored."""
+  missing = []
+  for key, value in conf.items():
+    running = running_conf.get(key)
+    # spark_context() appends the class archive's flag to the driver's
+    # extraJavaOptions (spark/jvm.py): the user's value is a part of it.
+    if running == str(value) or (
+        key == 'spark.driver.extraJavaOptions' and running
+        and str(value) in running):
+      continue
+    missing.append(key)
+  return sorted(missing)
 
 
 _LOCAL = re.compile(r'^local(?:\[(?P<threads>\*|\d+)(?:,\d+)?\])?$')
