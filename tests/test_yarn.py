@@ -18,8 +18,8 @@ DirectRunner's output). And a streaming job checkpointing on HDFS whose
 executor's container is killed mid-batch: YARN gives Spark a new
 container, and the output is exactly the DirectRunner's.
 
-In `make test` (which runs `make yarn-minicluster`); elsewhere, without the
-MiniYARNCluster's classpath, the module is skipped.
+In `make test` (which runs `make yarn-minicluster`); without the
+MiniYARNCluster's classpath its tests fail saying so, never skip.
 """
 
 from __future__ import annotations
@@ -60,14 +60,13 @@ EMBEDDED = 'beam:env:embedded_python:v1'
 SIZES = {'spark.executor.instances=4': 'spark.executor.instances=1',
          'spark.executor.memory=4g': 'spark.executor.memory=512m'}
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(CLASSPATH),
-    reason=f'{CLASSPATH} is missing: `make yarn-minicluster` (which `make '
-    'test` runs) resolves Hadoop\'s MiniYARNCluster')
-
-
 @pytest.fixture(scope='module')
 def yarn(tmp_path_factory):
+  # A missing cluster is a broken set-up, never a reason to skip (as the
+  # Java SDK's classpath: tests/java_sdk.py).
+  if not os.path.exists(CLASSPATH):
+    pytest.fail(f'{CLASSPATH} is missing: run `make yarn-minicluster` (make '
+                'test does) to resolve Hadoop\'s MiniYARNCluster with Maven.')
   cluster = MiniYarn(str(tmp_path_factory.mktemp('yarn')))
   yield cluster
   cluster.stop()
