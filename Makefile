@@ -104,8 +104,8 @@ sdk-xlang: $(XLANG_STAMP)
 # checkpoint tests (tests/test_checkpoint_hdfs.py); again only when
 # tests/hdfs/pom.xml changes.
 HDFS_STAMP := tests/hdfs/target/classpath.txt
-$(HDFS_STAMP): tests/hdfs/pom.xml scripts/hdfs-minicluster.sh
-	@scripts/hdfs-minicluster.sh
+$(HDFS_STAMP): tests/hdfs/pom.xml scripts/minicluster.sh
+	@scripts/minicluster.sh hdfs
 hdfs-minicluster: $(HDFS_STAMP)
 
 # A Spark Connect client as docs/spark-connect.md installs one: PyPI's
@@ -220,7 +220,7 @@ clean:
 # (issue 42: Spark on YARN, docs/guide/clusters.md); again only when
 # tests/yarn/pom.xml changes.
 YARN_STAMP := tests/yarn/target/classpath.txt
-$(YARN_STAMP): tests/yarn/pom.xml scripts/yarn-minicluster.sh
-	@scripts/yarn-minicluster.sh
+$(YARN_STAMP): tests/yarn/pom.xml scripts/minicluster.sh
+	@scripts/minicluster.sh yarn
 .PHONY: yarn-minicluster
 yarn-minicluster: $(YARN_STAMP)

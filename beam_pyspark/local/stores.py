@@ -2,7 +2,7 @@
 
 ``MiniHdfs``: Apache Hadoop's MiniDFSCluster (a NameNode and a DataNode in
 one JVM, WebHDFS on), from the jars that ``make hdfs-minicluster``
-(scripts/hdfs-minicluster.sh) resolves from Maven Central into ~/.m2,
+(scripts/minicluster.sh hdfs) resolves from Maven Central into ~/.m2,
 started from tests/hdfs/MiniHdfs.java. ``MotoS3``: moto's standalone S3
 server (PyPI ``moto[server]``), which answers S3's conditional PUT
 (If-None-Match) as S3 does. Each in a process group of its own that
