@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 _SCRIPT = textwrap.dedent('''
     import threading
     import time
@@ -77,3 +79,45 @@ def test_a_running_context_is_said_to_ignore_only_settings_it_lacks():
   assert 'not applied' not in same, out
   assert ("not applied to it: ['spark.beam.test.three', "
           "'spark.beam.test.two']") in other, out
+
+
+# The error a job server's first job on YARN failed with (CI, a loaded
+# machine): PySpark's Py4JJavaError, its Java trace in its text.
+_UI_RACE = '''An error occurred while calling None.org.apache.spark.api.java.JavaSparkContext.
+: java.util.ConcurrentModificationException
+	at java.base/java.util.ArrayList$ArrayListSpliterator.forEachRemaining(ArrayList.java:1631)
+	at org.sparkproject.jetty.ee10.servlet.ServletHandler.initialize(ServletHandler.java:687)
+	at org.apache.spark.ui.ServerInfo.addHandler(JettyUtils.scala:575)
+	at org.apache.spark.ui.SparkUI.$anonfun$attachAllHandlers$2(SparkUI.scala:84)
+	at org.apache.spark.SparkContext.<init>(SparkContext.scala:703)'''
+
+
+class _Contexts:
+  """SparkContext's getOrCreate, failing with the given errors first."""
+  def __init__(self, *errors):
+    self.errors = list(errors)
+    self.calls = 0
+
+  def getOrCreate(self, conf):  # pylint: disable=invalid-name
+    self.calls += 1
+    if self.errors:
+      raise RuntimeError(self.errors.pop(0))
+    return ('context', conf)
+
+
+def test_spark_is_started_once_more_after_its_ui_lost_its_race_with_yarn():
+  from beam_pyspark.spark import session
+  contexts = _Contexts(_UI_RACE)
+  assert session._create(contexts, 'conf') == ('context', 'conf')  # pylint: disable=protected-access
+  assert contexts.calls == 2
+  # Only once: a second failure is the job's.
+  contexts = _Contexts(_UI_RACE, _UI_RACE)
+  with pytest.raises(RuntimeError, match='attachAllHandlers'):
+    session._create(contexts, 'conf')  # pylint: disable=protected-access
+  assert contexts.calls == 2
+  # Any other failure of the constructor is not retried.
+  contexts = _Contexts('java.net.BindException: Cannot assign requested '
+                       'address: Service sparkDriver failed after 16 retries')
+  with pytest.raises(RuntimeError, match='sparkDriver'):
+    session._create(contexts, 'conf')  # pylint: disable=protected-access
+  assert contexts.calls == 1
