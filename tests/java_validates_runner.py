@@ -207,6 +207,9 @@ class Outcome:
   status: str  # passed, failed, error, skipped
   seconds: float
   message: str = ''
+  # The ERROR lines (and what they name) its JVM wrote while it ran: a
+  # LOOPBACK harness's own failure is there, not in the job's messages.
+  errors: str = ''
 
 
 def read_reports(directory: str) -> list[Outcome]:
@@ -224,5 +227,19 @@ def read_reports(directory: str) -> list[Outcome]:
           break
       out.append(Outcome(
           f'{case.get("classname")}#{case.get("name")}', status,
-          float(case.get('time') or 0), message))
+          float(case.get('time') or 0), message,
+          _error_lines(case) if status in ('failed', 'error') else ''))
   return out
+
+
+def _error_lines(case) -> str:
+  """The lines of a test case's captured stderr that report errors, each
+  with the exception line after it (frames left out)."""
+  node = case.find('system-err')
+  lines = (node.text or '').splitlines() if node is not None else []
+  kept = []
+  for i, line in enumerate(lines):
+    if ' ERROR ' in line:
+      kept.append(line)
+      kept.extend(lines[i + 1:i + 2])
+  return '\n'.join(kept)

@@ -1,10 +1,10 @@
 """Beam's Java @ValidatesRunner tests through Java's portable runner.
 
-One job server (local[2], LOOPBACK: each test's Java harnesses run in the
-surefire JVM, as Beam runs these tests against its portable runners);
-Maven Surefire runs the chosen classes of beam-sdks-java-core's tests jar
-against it (tests/java_validates_runner.py: which, and every exclusion with
-its reason). The surefire reports are then read here: every test that ran
+A job server (local[2], LOOPBACK: each test's Java harnesses run in the
+surefire JVM, as Beam runs these tests against its portable runners) for
+each of Maven Surefire's test JVMs, which run the chosen classes of
+beam-sdks-java-core's tests jar against them (tests/java_validates_runner.py:
+which, and every exclusion with its reason). The surefire reports are then read here: every test that ran
 passed, and as many ran as expected (a class that silently ran fewer tests,
 e.g. after a category changed, fails this too).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+import socket
 import subprocess
 import time
 
@@ -24,8 +25,16 @@ from java_sdk import SDK_DIR
 from java_sdk import classpath
 from jobserver_process import JobServerProcess
 
-# Two test JVMs against the one job server: a test's time is mostly
-# waiting (harnesses starting, Spark scheduling), so two overlap well.
+# Two test JVMs: a test's time is mostly waiting (harnesses starting, Spark
+# scheduling), so two overlap well. Each has a job server of its own, so
+# that the tests of one never share a Spark (and its Python workers) with
+# the other's: a job that fails (a test expecting a failure) ends the Python
+# worker its task failed in, and with it the harnesses other running jobs
+# kept there; Java's LOOPBACK pool cannot start another for its job once one
+# of its harnesses ended (Beam's FnHarness shuts down the executor its
+# pool's harnesses share), and that job failed, 'the SDK harness never
+# connected' (CI, testHotKeyCombining beside ViewTest's
+# testMapSideInputWithNullValuesCatchesDuplicates).
 FORKS = 2
 # Surefire's whole run: 248 tests in 19 minutes on 2 cores at load 17-28
 # (other work running), 820 s in CI; 495 s at load 5-9 since the release
@@ -39,13 +48,26 @@ def test_java_validates_runner_suite(tmp_path):
   classpath()  # fails, saying to run `make sdk-java`, if it was not run
   assert shutil.which('mvn'), 'Maven (mvn) is needed: make sdk-java installs it'
   reports = tmp_path / 'reports'
-  # Spark starts while Maven and the surefire JVMs do, not at the first job.
-  server = JobServerProcess(tmp_path / 'artifacts', spark_warm_up=True)
+  # Fork N's server listens on 127.0.0.N, all on one port: Surefire puts
+  # each fork's number in its options (${surefire.forkNumber}). Spark starts
+  # while Maven and the surefire JVMs do, not at the first job.
+  port = _port_free_on(FORKS)
+  servers = []
+  try:
+    for n in range(1, FORKS + 1):
+      servers.append(JobServerProcess(
+          tmp_path / f'artifacts{n}', '--job-host', f'127.0.0.{n}',
+          '--job-port', str(port), spark_warm_up=True))
+  except BaseException:
+    for server in servers:
+      server.stop()
+    raise
+  endpoint = f'127.0.0.${{surefire.forkNumber}}:{port}'
   started = time.monotonic()
   try:
     with open(tmp_path / 'mvn.log', 'wb') as log:
       proc = subprocess.run(
-          ['mvn', *vr.surefire_args(server.job_endpoint, FORKS),
+          ['mvn', *vr.surefire_args(endpoint, FORKS),
            f'-Dvr.reports={reports}'],
           cwd=SDK_DIR, stdout=log, stderr=subprocess.STDOUT,
           timeout=TIMEOUT_SECS, check=False)
@@ -53,10 +75,15 @@ def test_java_validates_runner_suite(tmp_path):
     done = vr.read_reports(str(reports)) if reports.exists() else []
     pytest.fail(
         f'surefire did not finish in {TIMEOUT_SECS} s ({len(done)} tests '
-        f'reported; a job stuck?)\n--- job server ---\n{server.log()[-6000:]}')
+        f'reported; a job stuck?)\n' + '\n'.join(
+            f'--- job server {n} ---\n{server.log()[-4000:]}'
+            for n, server in enumerate(servers, 1)))
   finally:
-    server_log = server.log()[-4000:]
-    server.stop()
+    server_log = '\n'.join(
+        f'--- job server {n} ---\n{server.log()[-2500:]}'
+        for n, server in enumerate(servers, 1))
+    for server in servers:
+      server.stop()
   seconds = time.monotonic() - started
   outcomes = vr.read_reports(str(reports))
   by_status = collections.defaultdict(list)
@@ -71,10 +98,27 @@ def test_java_validates_runner_suite(tmp_path):
   # A failure is either a runner bug to fix or a test to exclude with its
   # reason in java_validates_runner.py: never silently accepted.
   assert not failed, summary + '\n' + '\n\n'.join(
-      f'{o.test}: {o.message[:1500]}' for o in failed) + (
-          '\n--- job server ---\n' + server_log)
+      f'{o.test}: {o.message[:1500]}\n(its JVM\'s errors: {o.errors[-1500:]})'
+      for o in failed) + '\n' + server_log
   assert proc.returncode == 0, (tmp_path / 'mvn.log').read_text()[-6000:]
   counts = collections.Counter(o.test.split('#')[0] for o in by_status['passed'])
   assert dict(counts) == {s.cls: s.passes for s in vr.SELECTIONS}, summary
   # Skipped: only the tests Beam's own code skips (assumptions), listed.
   assert {o.test for o in by_status['skipped']} == set(vr.SKIPPED_BY_BEAM)
+
+
+def _port_free_on(hosts: int) -> int:
+  """A port free on 127.0.0.1 to 127.0.0.``hosts`` (Linux's lo holds all
+  of 127.0.0.0/8)."""
+  for _ in range(50):
+    with socket.socket() as probe:
+      probe.bind(('127.0.0.1', 0))
+      port = probe.getsockname()[1]
+      try:
+        for n in range(2, hosts + 1):
+          with socket.socket() as other:
+            other.bind((f'127.0.0.{n}', port))
+      except OSError:
+        continue
+      return port
+  raise RuntimeError(f'no port free on 127.0.0.1-{hosts}')
