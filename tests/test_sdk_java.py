@@ -15,7 +15,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -195,6 +197,76 @@ def test_a_java_harness_that_cannot_boot_fails_the_job_with_the_boots_words(
   first = errors[0].splitlines()[0]
   assert 'exited with code 1' in first and reason in first, errors[0]
   assert not glob.glob(f'{out}/counts*')
+
+
+# A harness that never connects is given up after this long here (180 s by
+# default: a JVM loading a large classpath on a loaded machine is slow).
+POOL_CONNECT_SECS = 20
+
+
+def test_a_java_worker_pool_serves_one_job_and_then_its_failure_says_why(
+    wordcount_input, direct_counts, tmp_path):
+  """Beam's Java worker pool (ExternalWorkerService, as a Java SDK
+  container runs it with --worker_pool) behind an EXTERNAL environment:
+  its first job's counts are the DirectRunner's. Its harnesses end with
+  that job, and each shuts down the executor all the pool's harnesses share
+  (FnHarness), so the pool starts no harness for the next job: that job
+  ends FAILED in bounded time, its error saying what the pool's log says
+  and what to do, never waiting or passing for done."""
+  from java_sdk import java
+  pool_log = tmp_path / 'pool.log'
+  with open(pool_log, 'wb') as log:
+    pool = subprocess.Popen(
+        [java(), '-cp', classpath(),
+         'org.apache.beam.fn.harness.ExternalWorkerService'],
+        env={**os.environ, 'PIPELINE_OPTIONS': '{"options": {}}'},
+        stdout=log, stderr=subprocess.STDOUT)
+  server = JobServerProcess(
+      tmp_path / 'artifacts',
+      env={'BEAM_PYSPARK_HARNESS_CONNECT_SECS': str(POOL_CONNECT_SECS)})
+  try:
+    address = _pool_address(pool, pool_log)
+    external = ['--defaultEnvironmentType=EXTERNAL',
+                f'--defaultEnvironmentConfig={address}']
+    first = tmp_path / 'first'
+    first.mkdir()
+    assert submit_wordcount(server.job_endpoint, wordcount_input, first,
+                            *external) == direct_counts
+    out = tmp_path / 'second'
+    started = time.monotonic()
+    proc = subprocess.run([
+        java(), '-cp', classpath(), WORDCOUNT,
+        f'--inputFile={wordcount_input}', f'--output={out}/counts',
+        '--runner=PortableRunner', f'--jobEndpoint={server.job_endpoint}',
+        *external], capture_output=True, text=True, timeout=600,
+        check=False)
+    took = time.monotonic() - started
+  finally:
+    server.stop()
+    pool.kill()
+    pool.wait(30)
+  assert proc.returncode != 0, proc.stderr[-3000:]
+  # The runner's words, and the pool's own.
+  assert 'never connected to the runner' in proc.stderr, proc.stderr[-3000:]
+  assert 'A Java worker pool' in proc.stderr, proc.stderr[-3000:]
+  assert 'RejectedExecutionException' in pool_log.read_text(
+      errors='replace'), pool_log.read_text(errors='replace')[-3000:]
+  # Asked once, and once more (a pool under load may lose a request).
+  assert 2 * POOL_CONNECT_SECS <= took < 2 * POOL_CONNECT_SECS + 120, took
+  assert not glob.glob(f'{out}/counts*')
+
+
+def _pool_address(pool, log_path, timeout: float = 60) -> str:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    found = re.search(r'External worker service started at address: (\S+)',
+                      log_path.read_text(errors='replace'))
+    if found:
+      return found.group(1)
+    assert pool.poll() is None, log_path.read_text(errors='replace')
+    time.sleep(0.2)
+  raise AssertionError(f'no worker pool address in {timeout} s: '
+                       + log_path.read_text(errors='replace'))
 
 
 @pytest.fixture(scope='module')

@@ -65,6 +65,17 @@ PROBE_SECS = min(30.0, UNRESPONSIVE_SECS / 3)
 CONNECT_TIMEOUT_SECS = float(
     os.environ.get('BEAM_PYSPARK_HARNESS_CONNECT_SECS', '180'))
 
+# Beam's Java worker pool (ExternalWorkerService: LOOPBACK's, and a Java SDK
+# container's --worker_pool) starts every harness with the same options,
+# and FnHarness shuts down the executor they share as any one of them ends:
+# the pool then starts none (tests/test_sdk_java.py).
+JAVA_POOL_HINT = (
+    'A Java worker pool (LOOPBACK\'s, or a Java SDK container\'s '
+    '--worker_pool) starts no harness once one it started has ended, logging '
+    '"Failed to start worker ... RejectedExecutionException": start a new '
+    'pool (a new pipeline run, for LOOPBACK), or use the PROCESS environment')
+
+
 class RemoteHarness:
   """A harness of one environment of one job, over gRPC."""
   _ids = itertools.count(1)
@@ -352,8 +363,11 @@ class RemoteHarness:
     if waited < CONNECT_TIMEOUT_SECS:
       return None
     self.never_connected = True
-    return (f'the SDK harness never connected to the runner in {waited:.0f}s '
-            '(check its command or worker pool, and its log)')
+    why = (f'the SDK harness never connected to the runner in {waited:.0f}s '
+           '(check its command or worker pool, and its log)')
+    if self.environment.urn == common_urns.environments.EXTERNAL.urn:
+      why += f'. {JAVA_POOL_HINT}'
+    return why
 
   def _lost(self, reason: str, what: str) -> PipelineExecutionError:
     """The error of a harness gone (``reason``: ``dead``'s) while it ran
@@ -398,8 +412,10 @@ class RemoteHarness:
     (run once more on a new harness) unless it never connected when its
     runner started its process (a bad command fails a second try too). A
     worker pool's harness (EXTERNAL, LOOPBACK) that never connected is
-    asked for again once: a pool under load loses a request now and then
-    (1 in 263 of Java's ValidatesRunner tests on a loaded machine)."""
+    asked for again once, should the pool have lost the request (a Java
+    pool that starts no more harnesses, JAVA_POOL_HINT, fails the second
+    request too: the "1 in 263" Java ValidatesRunner tests that once failed
+    so were, as far as their logs tell, that)."""
     if self.never_connected and (
         self.environment.urn != common_urns.environments.EXTERNAL.urn):
       return PipelineExecutionError
