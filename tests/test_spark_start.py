@@ -121,3 +121,48 @@ def test_spark_is_started_once_more_after_its_ui_lost_its_race_with_yarn():
   with pytest.raises(RuntimeError, match='sparkDriver'):
     session._create(contexts, 'conf')  # pylint: disable=protected-access
   assert contexts.calls == 1
+
+
+_LATE_JOB_SCRIPT = textwrap.dedent('''
+    import threading
+    import time
+    from beam_pyspark.spark.progress import cancel_group
+    from beam_pyspark.spark.session import spark_context
+
+    sc = spark_context('local[2]')
+    sc.parallelize([0], 1).count()  # Spark warm: the late job starts at once
+    cancel_group(sc, 'late')  # nothing of the group runs yet
+    outcome = []
+
+    def late():
+      # An action that checked its job's cancel flag just before the
+      # cancel: its Spark job starts a moment after.
+      time.sleep(1.0)
+      sc.setJobGroup('late', 'started after its cancel', True)
+      started = time.monotonic()
+      try:
+        sc.parallelize([0], 1).foreach(lambda _: __import__('time').sleep(120))
+        outcome.append(('RAN', time.monotonic() - started))
+      except Exception as exn:
+        outcome.append(('CANCELLED', time.monotonic() - started))
+
+    thread = threading.Thread(target=late)
+    thread.start()
+    thread.join(200)
+    print('OUTCOME', outcome[0][0], round(outcome[0][1]))
+''')
+
+
+def test_a_spark_job_that_starts_just_after_its_cancel_is_cancelled_too():
+  """A job server's SIGTERM right after a job started found no Spark job to
+  cancel (cancelJobGroup cancels the active ones only: "Cannot find active
+  jobs for it"); the action then submitted its Spark job, which ran on, and
+  the job ended FAILED, "did not stop within 10 s of its cancel" (CI).
+  cancel_group cancels the group's jobs that start in the next 30 s."""
+  done = subprocess.run([sys.executable, '-c', _LATE_JOB_SCRIPT],
+                        capture_output=True, text=True, timeout=400,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-4000:]
+  outcome = done.stdout.split('OUTCOME ')[-1].split()
+  assert outcome[0] == 'CANCELLED', done.stdout + done.stderr[-3000:]
+  assert int(outcome[1]) < 60, outcome  # far from its 120 s

@@ -186,3 +186,34 @@ class ProgressTracker:
 class _NoJobs:
   def getJobIdsForGroup(self, _group):  # pylint: disable=invalid-name
     return []
+
+
+# An action that checked its engine's cancel flag just before a cancel
+# submits its Spark job just after: cancelJobGroup, which cancels only the
+# jobs active then, missed it ("Cannot find active jobs for it") and it ran
+# on, the cancel lost (a job server's SIGTERM right after a job started:
+# FAILED, "did not stop within 10 s of its cancel", CI). The group is
+# looked at again for a while, and its jobs cancelled if one runs.
+RECANCEL_SECS = 0.25
+RECANCEL_FOR_SECS = 30.0
+
+
+def cancel_group(sc, group: str) -> None:
+  """Cancels the Spark jobs of ``group``, and those that start in the next
+  RECANCEL_FOR_SECS (from a thread of its own)."""
+  sc.cancelJobGroup(group)
+
+  def again():
+    deadline = time.monotonic() + RECANCEL_FOR_SECS
+    while time.monotonic() < deadline:
+      time.sleep(RECANCEL_SECS)
+      try:
+        tracker = sc.statusTracker()
+        active = set(tracker.getActiveJobsIds())
+        if active and active & set(tracker.getJobIdsForGroup(group)):
+          sc.cancelJobGroup(group)
+      except Exception:  # pylint: disable=broad-except
+        return  # the context stopped
+
+  threading.Thread(target=again, name=f'beam-pyspark-cancel-{group}',
+                   daemon=True).start()

@@ -51,6 +51,7 @@ from beam_pyspark.spark.partitioning import pack_by_size
 from beam_pyspark.spark.partitioning import shuffle_chunks
 from beam_pyspark.spark.partitioning import stable_hash
 from beam_pyspark.spark.progress import ProgressTracker
+from beam_pyspark.spark.progress import cancel_group
 from beam_pyspark.spark.reads import split_rdd
 from beam_pyspark.spark.release import release_harnesses
 from beam_pyspark.worker.bundles import RESIDUAL_TAG
@@ -78,14 +79,9 @@ def create_batch_engine(plan: ExecutionPlan, job_id: str,
 class SparkPipelineJob:
   """Runs one plan on one SparkContext as a batch job (an engine.Engine);
   cancellable, and its metrics readable, from another thread."""
-  def __init__(
-      self,
-      sc,
-      plan: ExecutionPlan,
-      job_id: str,
-      options: Optional[RunnerOptions] = None,
-      log: Callable[..., None] = None,
-      fast_path: bool = False):
+  def __init__(self, sc, plan: ExecutionPlan, job_id: str,
+               options: Optional[RunnerOptions] = None,
+               log: Callable[..., None] = None, fast_path: bool = False):
     """``fast_path``: run eligible stages as plain loops (worker.fastpath);
     batch only, so off unless the batch engine's factory turns it on."""
     self.sc = sc
@@ -201,7 +197,7 @@ class SparkPipelineJob:
 
   def cancel(self) -> None:
     self._cancelled.set()
-    self.sc.cancelJobGroup(self.job_id)
+    cancel_group(self.sc, self.job_id)
 
   def metrics(self) -> tuple[list, list]:
     """(committed, attempted) so far: the reports of every task finished.
