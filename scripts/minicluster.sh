@@ -13,16 +13,8 @@ case "$name" in
   yarn) what="Hadoop's MiniYARNCluster" ;;
   *) echo "minicluster.sh: no mini cluster '$name' (hdfs or yarn)" >&2; exit 2 ;;
 esac
+"$(dirname "$0")/ensure-maven.sh" "$name-minicluster"
 cd "$(dirname "$0")/../tests/$name"
-if ! command -v mvn >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-    echo "$name-minicluster: installing maven with apt-get..." >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
-  else
-    echo "$name-minicluster: Maven (mvn) is needed for $what; install it" >&2
-    exit 1
-  fi
-fi
 mvn -B -q dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
 touch target/classpath.txt  # make's stamp
 echo "$name-minicluster: $what resolved (tests/$name/target/classpath.txt)"

@@ -4,17 +4,8 @@
 # offline, and writes the pipeline classpath the tests start Java with.
 # Needs Maven and a JDK; installs Debian's maven where it can (as root).
 set -euo pipefail
+"$(dirname "$0")/ensure-maven.sh" "sdk-java"
 cd "$(dirname "$0")/../sdks/java"
-if ! command -v mvn >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-    echo "sdk-java: installing maven with apt-get..." >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
-  else
-    echo "sdk-java: Maven (mvn) is needed for the Java SDK's tests; install it" >&2
-    echo "  (e.g. 'sudo apt-get install maven') and run this again." >&2
-    exit 1
-  fi
-fi
 # go-offline: every dependency and plugin the tests need, so that they run
 # with mvn -o. It misses what surefire resolves when it runs (its JUnit 4.7
 # provider): one of Beam's own unit tests (no runner, under a second) runs

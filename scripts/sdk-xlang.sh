@@ -8,16 +8,8 @@
 # sdks/xlang/<name>/target/classpath.txt; the SQL and validates ones first
 # build their registrars (src/). Nothing is fetched when the tests run.
 set -euo pipefail
+"$(dirname "$0")/ensure-maven.sh" "sdk-xlang"
 cd "$(dirname "$0")/../sdks/xlang"
-if ! command -v mvn >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-    echo "sdk-xlang: installing maven with apt-get..." >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
-  else
-    echo "sdk-xlang: Maven (mvn) is needed; install it (e.g. 'sudo apt-get install maven')" >&2
-    exit 1
-  fi
-fi
 for name in sql kafka broker validates; do
   (
     cd "$name"
