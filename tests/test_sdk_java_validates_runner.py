@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from beam_pyspark.local.processes import free_port
 import java_validates_runner as vr
 from java_sdk import SDK_DIR
 from java_sdk import classpath
@@ -111,14 +112,12 @@ def _port_free_on(hosts: int) -> int:
   """A port free on 127.0.0.1 to 127.0.0.``hosts`` (Linux's lo holds all
   of 127.0.0.0/8)."""
   for _ in range(50):
-    with socket.socket() as probe:
-      probe.bind(('127.0.0.1', 0))
-      port = probe.getsockname()[1]
-      try:
-        for n in range(2, hosts + 1):
-          with socket.socket() as other:
-            other.bind((f'127.0.0.{n}', port))
-      except OSError:
-        continue
-      return port
+    port = free_port()  # on 127.0.0.1
+    try:
+      for n in range(2, hosts + 1):
+        with socket.socket() as other:
+          other.bind((f'127.0.0.{n}', port))
+    except OSError:
+      continue
+    return port
   raise RuntimeError(f'no port free on 127.0.0.1-{hosts}')

@@ -128,7 +128,7 @@ def _create(spark_context_class, spark_conf):
   try:
     return spark_context_class.getOrCreate(spark_conf)
   except Exception as exn:  # pylint: disable=broad-except
-    if not ui_start_race(str(exn)):
+    if not _ui_start_race(str(exn)):
       raise
     _LOGGER.warning(
         'Spark failed to start its UI (a race of its own with the YARN '
@@ -137,7 +137,7 @@ def _create(spark_context_class, spark_conf):
     return spark_context_class.getOrCreate(spark_conf)
 
 
-def ui_start_race(error: str) -> bool:
+def _ui_start_race(error: str) -> bool:
   """Whether a SparkContext's constructor failed on Spark's UI race."""
   return ('java.util.ConcurrentModificationException' in error and
           'attachAllHandlers' in error)
